@@ -1,0 +1,27 @@
+"""The CNN and optimizer of TensorFlow's multi-worker tutorials, on MNIST."""
+
+import ml_collections
+
+from ctl import config as config_lib
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """python -m ctl.main --config=configs/mnist.py --workdir=/tmp/ctl/mnist
+
+  Reads mnist.npz from the Keras cache (~/.keras/datasets, where
+  keras.datasets.mnist.load_data() puts it) or --config.data.path; it never
+  downloads. As in the tutorials: RMSprop at 1e-3, 64 examples per worker.
+  With N workers, pass --config.batch_size=64*N to keep 64 per worker.
+  """
+  config = config_lib.base_config()
+  config.data.name = 'mnist'
+  config.model.name = 'cnn'
+  config.optimizer.name = 'rmsprop'
+  config.optimizer.learning_rate = 1e-3
+  config.batch_size = 64
+  config.eval_batch_size = 1000
+  config.num_epochs = 3
+  config.steps_per_epoch = 70
+  config.intervals.log_steps = 10
+  config.intervals.summary_steps = 10
+  return config

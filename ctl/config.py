@@ -1,0 +1,157 @@
+"""The config every run starts from, and the checks a config must pass.
+
+`configs/*.py` start from `base_config()` and change a few fields. One
+ConfigDict flows down: each builder takes the section it needs.
+"""
+
+import ml_collections
+
+from ctl import errors
+
+STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker')
+CLUSTER_RESOLVERS = ('tf_config',)
+COLLECTIVES = ('AUTO', 'RING', 'NCCL')
+SCHEDULES = ('constant', 'cosine', 'linear')
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Returns the defaults; every field is documented where it is set."""
+  config = ml_collections.ConfigDict()
+  # Seeds model initialisation and the order of training examples.
+  config.seed = 0
+
+  config.data = ml_collections.ConfigDict()
+  # 'digits', 'mnist', or 'package.module:function' (see ctl/datasets.py).
+  config.data.name = 'digits'
+  # A data file; '' means the dataset's default location.
+  config.data.path = ''
+  # Share of examples held out for evaluation, for datasets without a split.
+  config.data.eval_fraction = 0.2
+
+  config.model = ml_collections.ConfigDict()
+  # 'cnn', 'mlp', or 'package.module:function' (see ctl/models.py).
+  config.model.name = 'cnn'
+  config.model.filters = 32  # cnn: filters of the 3x3 convolution.
+  config.model.width = 128  # Units of each hidden dense layer.
+  config.model.depth = 1  # mlp: number of hidden dense layers.
+  config.model.dropout = 0.0  # Dropout rate before the output layer.
+  config.model.l2 = 1e-5  # L2 regularisation of every kernel.
+
+  # Per-example loss: 'sparse_categorical_crossentropy' (on logits) or
+  # 'package.module:function' returning per-example losses.
+  config.loss = 'sparse_categorical_crossentropy'
+  # Metrics for training and evaluation, besides the loss.
+  config.metrics = ('accuracy',)
+
+  config.optimizer = ml_collections.ConfigDict()
+  # 'adam', 'adamw', 'sgd', 'rmsprop', or 'package.module:function'.
+  config.optimizer.name = 'adam'
+  config.optimizer.learning_rate = 1e-3  # Peak learning rate.
+  config.optimizer.schedule = 'constant'  # One of SCHEDULES.
+  config.optimizer.warmup_steps = 0  # Linear warm-up from 0 to the peak.
+  # Where 'cosine' and 'linear' end, as a fraction of the peak.
+  config.optimizer.end_learning_rate_factor = 0.0
+  config.optimizer.momentum = 0.0  # sgd and rmsprop only.
+  config.optimizer.weight_decay = 0.0  # Decoupled weight decay; 0 is off.
+
+  # Examples per training step across all replicas and workers.
+  config.batch_size = 64
+  # Examples per evaluation step across all replicas; 0 means batch_size.
+  config.eval_batch_size = 0
+  config.num_epochs = 20
+  # Steps per epoch; 0 means one pass over the training split.
+  config.steps_per_epoch = 0
+  # Stop after this many steps; 0 means num_epochs * steps_per_epoch.
+  config.total_steps = 0
+  # Steps run inside one tf.function call; loops also end at every interval.
+  config.steps_per_loop = 100
+
+  # Periodic work, in steps; 0 turns an interval off. Each epoch end also
+  # logs, writes summaries, evaluates and saves a checkpoint.
+  config.intervals = ml_collections.ConfigDict()
+  config.intervals.log_steps = 100
+  config.intervals.summary_steps = 100
+  config.intervals.eval_steps = 0
+  config.intervals.checkpoint_steps = 1000
+  config.intervals.keep_checkpoints = 3
+
+  config.distribution = ml_collections.ConfigDict()
+  # 'auto' picks multi_worker when the cluster resolver describes a
+  # cluster, else mirrored when there are several GPUs, else one_device.
+  config.distribution.strategy = 'auto'
+  # Where the cluster comes from: 'tf_config' reads the TF_CONFIG variable.
+  config.distribution.cluster_resolver = 'tf_config'
+  # Cross-worker all-reduce: 'AUTO', 'RING' or 'NCCL'.
+  config.distribution.collective = 'AUTO'
+  # Seconds a collective may wait for a peer before failing; 0 waits forever.
+  config.distribution.timeout_seconds = 0.0
+  return config
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the first field that cannot work."""
+  _check_choice(config, 'distribution.strategy', STRATEGIES)
+  _check_choice(config, 'distribution.cluster_resolver', CLUSTER_RESOLVERS)
+  _check_choice(config, 'distribution.collective', COLLECTIVES)
+  _check_choice(config, 'optimizer.schedule', SCHEDULES)
+  for key in ('batch_size', 'steps_per_loop', 'intervals.keep_checkpoints'):
+    _check(config, key, lambda value: value >= 1, 'must be at least 1')
+  for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',
+              'total_steps', 'optimizer.warmup_steps', 'intervals.log_steps',
+              'intervals.summary_steps', 'intervals.eval_steps',
+              'intervals.checkpoint_steps',
+              'distribution.timeout_seconds'):
+    _check(config, key, lambda value: value >= 0, 'must not be negative')
+  _check(config, 'optimizer.learning_rate', lambda value: value > 0,
+         'must be positive')
+  _check(config, 'data.eval_fraction', lambda value: 0 < value < 1,
+         'must be between 0 and 1')
+  _check(config, 'model.dropout', lambda value: 0 <= value < 1,
+         'must be in [0, 1)')
+  if config.num_epochs == 0 and config.total_steps == 0:
+    raise errors.ConfigError(
+        'Set num_epochs or total_steps: both are 0, so there is nothing to '
+        'train.')
+
+
+def differences(old: dict, new: dict) -> list[str]:
+  """Returns 'key: old -> new' for each leaf that differs between two configs.
+
+  Both are plain dicts as read from JSON (`json.loads(config.to_json())`).
+  """
+  old_leaves, new_leaves = _leaves(old), _leaves(new)
+  return [
+      f'{key}: {old_leaves.get(key)!r} -> {new_leaves.get(key)!r}'
+      for key in sorted(old_leaves.keys() | new_leaves.keys())
+      if old_leaves.get(key) != new_leaves.get(key)
+  ]
+
+
+def _leaves(tree: dict, prefix: str = '') -> dict:
+  """Flattens nested dicts to {'a.b': value}."""
+  leaves = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      leaves.update(_leaves(value, f'{prefix}{key}.'))
+    else:
+      leaves[f'{prefix}{key}'] = value
+  return leaves
+
+
+def _get(config: ml_collections.ConfigDict, dotted_key: str):
+  """Returns config.a.b for dotted_key 'a.b'."""
+  value = config
+  for part in dotted_key.split('.'):
+    value = value[part]
+  return value
+
+
+def _check(config, key, is_valid, requirement):
+  value = _get(config, key)
+  if not is_valid(value):
+    raise errors.ConfigError(f'config.{key}={value!r} {requirement}.')
+
+
+def _check_choice(config, key, choices):
+  _check(config, key, lambda value: value in choices,
+         f'must be one of {list(choices)}')

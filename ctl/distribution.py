@@ -1,0 +1,97 @@
+"""Builds the tf.distribute strategy and says which task this process is."""
+
+import dataclasses
+
+import ml_collections
+import tensorflow as tf
+
+from ctl import errors
+
+_RESOLVERS = {
+    'tf_config': tf.distribute.cluster_resolver.TFConfigClusterResolver,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """This process's place in the job."""
+
+  task_type: str | None  # None for a single process.
+  task_id: int
+  num_workers: int
+  is_chief: bool  # The chief alone writes checkpoints, summaries and results.
+
+  @property
+  def name(self) -> str:
+    return f'{self.task_type}:{self.task_id}' if self.task_type else 'single'
+
+
+def is_chief(task_type: str | None, task_id: int,
+             cluster_spec: tf.train.ClusterSpec) -> bool:
+  """Decides the chief as TensorFlow's multi-worker tutorials do.
+
+  The task of type 'chief' is the chief; without one, worker 0 is; a single
+  process (no task type) is its own chief.
+  """
+  if not task_type or task_type == 'chief':
+    return True
+  return (task_type == 'worker' and task_id == 0 and
+          'chief' not in cluster_spec.jobs)
+
+
+def build_strategy(
+    config: ml_collections.ConfigDict
+) -> tuple[tf.distribute.Strategy, Task]:
+  """Builds the strategy named by config (the `distribution` section).
+
+  Must run before any other TensorFlow op: a multi-worker strategy configures
+  the runtime and waits here until every worker of the cluster has started.
+  """
+  resolver = _RESOLVERS[config.cluster_resolver]()
+  cluster_spec = resolver.cluster_spec()
+  kind = _choose_kind(config.strategy, has_cluster=bool(cluster_spec.jobs))
+  if kind == 'multi_worker':
+    if not cluster_spec.jobs:
+      raise errors.ConfigError(
+          "distribution.strategy='multi_worker' needs a cluster, but "
+          f'{config.cluster_resolver!r} found none (is TF_CONFIG set?).')
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver,
+        communication_options=_communication_options(config))
+    task = Task(
+        task_type=resolver.task_type,
+        task_id=resolver.task_id,
+        num_workers=sum(cluster_spec.num_tasks(job)
+                        for job in ('chief', 'worker')
+                        if job in cluster_spec.jobs),
+        is_chief=is_chief(resolver.task_type, resolver.task_id, cluster_spec))
+    return strategy, task
+  if kind == 'mirrored':
+    strategy = tf.distribute.MirroredStrategy()
+  else:
+    gpus = tf.config.list_logical_devices('GPU')
+    strategy = tf.distribute.OneDeviceStrategy(
+        gpus[0].name if gpus else '/cpu:0')
+  return strategy, Task(task_type=None, task_id=0, num_workers=1,
+                        is_chief=True)
+
+
+def _choose_kind(strategy: str, has_cluster: bool) -> str:
+  """Resolves 'auto' to a concrete strategy kind."""
+  if strategy != 'auto':
+    return strategy
+  if has_cluster:
+    return 'multi_worker'
+  if len(tf.config.list_physical_devices('GPU')) > 1:
+    return 'mirrored'
+  return 'one_device'
+
+
+def _communication_options(
+    config: ml_collections.ConfigDict
+) -> tf.distribute.experimental.CommunicationOptions:
+  implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
+                           config.collective)
+  return tf.distribute.experimental.CommunicationOptions(
+      implementation=implementation,
+      timeout_seconds=config.timeout_seconds or None)

@@ -1,0 +1,87 @@
+"""Trains a model: `python -m ctl.main --config=configs/digits.py --workdir=DIR`.
+
+Any config field can be overridden, e.g. `--config.optimizer.learning_rate=0.01`.
+The config is locked: a key that does not exist, or a value of the wrong
+type, stops the run (exit code 2) before anything is written.
+
+Exit codes: 0 trained (or had already finished); 1 failed (the message says
+why); 2 wrong flags or config.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from ctl import errors
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Training config file, e.g. configs/digits.py.',
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Directory for checkpoints, summaries and results.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    _exit_usage(f'Unexpected arguments: {" ".join(argv[1:])}')
+  logging.get_absl_handler().addFilter(_drop_tensorflow_info)
+  # Imported here so that flag errors are reported before TensorFlow loads.
+  from ctl import train  # pylint: disable=g-import-not-at-top
+  try:
+    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except errors.CtlError as error:
+    logging.error('%s', error)
+    print(f'ctl: error: {error}', file=sys.stderr)
+    sys.exit(error.exit_code)
+
+
+def _drop_tensorflow_info(record) -> bool:
+  """Keeps TensorFlow's own warnings and errors, not its INFO chatter."""
+  return (record.levelno > logging.converter.STANDARD_INFO or
+          f'{os.sep}tensorflow{os.sep}' not in record.pathname)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """Parses flags; on any flag or config error, says which and exits 2."""
+  try:
+    remaining = flags.FLAGS(argv)
+    # A config file that failed to load only raises when first read.
+    _CONFIG.value.keys()
+  except flags.Error as error:
+    _exit_usage(str(error))
+  except (AttributeError, KeyError) as error:
+    # An override of a key the config does not have.
+    _exit_usage(f'Unknown config key in {_override_naming(error, argv)}: '
+                f'{_innermost_text(error)}')
+  except (OSError, SyntaxError, ImportError) as error:
+    _exit_usage(f'Cannot load --config: {error}')
+  return remaining
+
+
+def _innermost_text(error: BaseException) -> str:
+  """ml_collections wraps a KeyError in an AttributeError: returns its text."""
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  return str(error.args[0]) if error.args else str(error)
+
+
+def _override_naming(error: BaseException, argv: list[str]) -> str:
+  """The --config.* arguments that mention the unknown key, or all of them."""
+  overrides = [arg for arg in argv if arg.startswith('--config.')]
+  key = _innermost_text(error).split("'")[1:2]
+  return ' '.join([arg for arg in overrides if key and key[0] in arg] or
+                  overrides)
+
+
+def _exit_usage(message: str) -> None:
+  print(f'ctl: error: {message}', file=sys.stderr)
+  sys.exit(errors.EXIT_USAGE)
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

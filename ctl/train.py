@@ -1,0 +1,369 @@
+"""train_and_evaluate: builds everything from one config, then trains.
+
+The loop runs `steps_per_loop` steps per tf.function call and stops a loop
+early at every interval boundary, so that logs, summaries, evaluations and
+checkpoints happen at exact steps, the same steps on every worker (metric
+reads and checkpoint saves are collectives under MultiWorkerMirroredStrategy).
+"""
+
+import dataclasses
+import datetime
+import hashlib
+import math
+import time
+
+from absl import logging
+import keras
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from ctl import checkpointing
+from ctl import config as config_lib
+from ctl import datasets
+from ctl import distribution
+from ctl import errors
+from ctl import input_pipeline
+from ctl import metrics as metrics_lib
+from ctl import models
+from ctl import optimizers
+from ctl import steps as steps_lib
+from ctl import summaries
+from ctl import workdir as workdir_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingLength:
+  """Batch sizes and step counts, resolved from the config and the data."""
+
+  global_batch_size: int
+  eval_batch_size: int
+  steps_per_epoch: int
+  total_steps: int
+
+  @property
+  def num_epochs(self) -> int:
+    return -(-self.total_steps // self.steps_per_epoch)
+
+
+def training_length(config: ml_collections.ConfigDict, num_train_examples: int,
+                    num_replicas: int) -> TrainingLength:
+  """Resolves the 0-means-default fields; raises ConfigError if they cannot work."""
+  eval_batch_size = config.eval_batch_size or config.batch_size
+  for key, batch_size in (('batch_size', config.batch_size),
+                          ('eval_batch_size', eval_batch_size)):
+    if batch_size % num_replicas:
+      raise errors.ConfigError(
+          f'config.{key}={batch_size} does not divide across the '
+          f'{num_replicas} replicas of this job: use a multiple of '
+          f'{num_replicas}.')
+  steps_per_epoch = (config.steps_per_epoch or
+                     num_train_examples // config.batch_size)
+  if not steps_per_epoch:
+    raise errors.ConfigError(
+        f'config.batch_size={config.batch_size} is larger than the '
+        f'{num_train_examples} training examples.')
+  total_steps = config.total_steps or config.num_epochs * steps_per_epoch
+  return TrainingLength(config.batch_size, eval_batch_size, steps_per_epoch,
+                        total_steps)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict,
+                       workdir: str) -> dict:
+  """Trains and evaluates as config says, resuming from workdir's checkpoint.
+
+  Args:
+    config: the whole config (see ctl/config.py).
+    workdir: where checkpoints, summaries and results go (chief only).
+
+  Returns:
+    The results: final step, epoch and evaluation metrics, as saved in
+    workdir/results.json.
+
+  Raises:
+    ConfigError: the config cannot work; nothing was written.
+    CtlError: the data, the workdir or a checkpoint is unusable, or the loss
+      diverged; no checkpoint or result was overwritten.
+  """
+  started = time.monotonic()
+  config_lib.validate(config)
+  strategy, task = distribution.build_strategy(config.distribution)
+  logging.info('Task %s of %d worker(s), %d replica(s) in sync, chief: %s',
+               task.name, task.num_workers, strategy.num_replicas_in_sync,
+               task.is_chief)
+  keras.utils.set_random_seed(config.seed)
+  data = datasets.load(config.data)
+  length = training_length(config, len(data.train),
+                           strategy.num_replicas_in_sync)
+  with strategy.scope():
+    model = models.build_model(config.model, data.input_shape,
+                               data.num_classes)
+    optimizer = optimizers.build_optimizer(config.optimizer,
+                                           length.total_steps)
+    # Builds the optimizer's slots now: lazily built slots fail with several
+    # replicas, and a restore must find them to match the checkpoint.
+    optimizer.build(model.trainable_variables)
+    state = steps_lib.TrainState()
+    train_metrics = metrics_lib.MetricSet(config.metrics)
+    eval_metrics = metrics_lib.MetricSet(config.metrics)
+  checkpointer = checkpointing.Checkpointer(
+      tf.train.Checkpoint(model=model, optimizer=optimizer, step=state.step,
+                          epoch=state.epoch,
+                          step_in_epoch=state.step_in_epoch),
+      workdir_lib.checkpoint_dir(workdir), is_chief=task.is_chief,
+      task_id=task.task_id, max_to_keep=config.intervals.keep_checkpoints)
+  if task.is_chief:
+    workdir_lib.prepare(workdir)
+    workdir_lib.save_config(workdir, config)
+  if checkpointer.restore_latest():
+    _check_resumable(state, length)
+  if task.num_workers > 1:
+    _check_workers_agree(strategy, state)
+
+  step = int(state.step.numpy())
+  results = workdir_lib.read_results(workdir)
+  if step >= length.total_steps and results is not None:
+    logging.info('Training already finished at step %d of %d: nothing to do. '
+                 'Results: %s', step, length.total_steps,
+                 workdir_lib.results_path(workdir))
+    return results
+
+  steps = steps_lib.Steps(
+      strategy=strategy, model=model, optimizer=optimizer,
+      loss_fn=metrics_lib.build_loss(config.loss),
+      train_metrics=train_metrics, eval_metrics=eval_metrics, state=state,
+      global_batch_size=length.global_batch_size,
+      steps_per_epoch=length.steps_per_epoch)
+  evaluator = _Evaluator(
+      strategy, steps, eval_metrics, data, length,
+      summaries.make_writer(workdir_lib.summary_dir(workdir, 'eval'),
+                            task.is_chief))
+  eval_results = None
+  if step < length.total_steps:
+    loop = _TrainLoop(
+        config=config, length=length, steps=steps,
+        optimizer=optimizer, train_metrics=train_metrics,
+        evaluator=evaluator, checkpointer=checkpointer,
+        writer=summaries.make_writer(
+            workdir_lib.summary_dir(workdir, 'train'), task.is_chief),
+        started=started)
+    train_iterator = iter(strategy.distribute_datasets_from_function(
+        lambda context: input_pipeline.train_dataset(
+            data.train, feature_scale=data.feature_scale, seed=config.seed,
+            global_batch_size=length.global_batch_size,
+            steps_per_epoch=length.steps_per_epoch, start_step=step,
+            total_steps=length.total_steps, context=context)))
+    eval_results = loop.run(train_iterator, step)
+  if eval_results is None:  # Finished earlier, stopped before its results.
+    eval_results = evaluator.evaluate(int(state.step.numpy()))
+
+  results = {
+      **state.as_dict(),
+      'eval': eval_results,
+      'weights_sha256': weights_fingerprint(model),
+  }
+  # Every worker logs the fingerprint so that a multi-worker job can be
+  # checked for replicas that drifted apart.
+  logging.info('Final weights sha256 %s (task %s)', results['weights_sha256'],
+               task.name)
+  if task.is_chief:
+    workdir_lib.write_json(workdir_lib.results_path(workdir), results)
+    logging.info('Results written to %s', workdir_lib.results_path(workdir))
+  return results
+
+
+def weights_fingerprint(model: keras.Model) -> str:
+  """A SHA-256 of every weight's bytes: equal only for identical weights."""
+  digest = hashlib.sha256()
+  for weight in model.weights:
+    digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+  return digest.hexdigest()
+
+
+class _Evaluator:
+  """Runs one pass over the eval split and reports it."""
+
+  def __init__(self, strategy, steps, eval_metrics, data, length, writer):
+    self._steps = steps
+    self._metrics = eval_metrics
+    self._writer = writer
+    self._num_steps = tf.constant(
+        input_pipeline.num_eval_steps(len(data.eval), length.eval_batch_size))
+    # The eval dataset repeats and each pass is whole, so one iterator
+    # serves every evaluation.
+    self._iterator = iter(strategy.distribute_datasets_from_function(
+        lambda context: input_pipeline.eval_dataset(
+            data.eval, feature_scale=data.feature_scale,
+            global_batch_size=length.eval_batch_size, context=context)))
+
+  def evaluate(self, step: int) -> dict[str, float]:
+    """Evaluates the current weights; logs and summarises them at step."""
+    self._steps.eval_loop(self._iterator, self._num_steps)
+    results = self._metrics.read_and_reset()
+    self._writer.write_scalars(step, results)
+    self._writer.flush()
+    logging.info('eval at step %d: %s', step, _format(results))
+    return results
+
+
+class _TrainLoop:
+  """The Python loop around train_loop: when to log, evaluate and save."""
+
+  def __init__(self, *, config, length, steps, optimizer,
+               train_metrics, evaluator, checkpointer, writer, started):
+    self._intervals = config.intervals
+    self._steps_per_loop = config.steps_per_loop
+    self._length = length
+    self._steps = steps
+    self._optimizer = optimizer
+    self._train_metrics = train_metrics
+    self._evaluator = evaluator
+    self._checkpointer = checkpointer
+    self._writer = writer
+    self._started = started
+    self._speed = _SpeedMeter()
+
+  def run(self, iterator, step: int) -> dict[str, float] | None:
+    """Trains from step to the end; returns the last evaluation's results."""
+    eval_results = None
+    logging.info('Training from step %d to %d (epoch %d of %d, %d steps each)',
+                 step, self._length.total_steps,
+                 step // self._length.steps_per_epoch + 1,
+                 self._length.num_epochs, self._length.steps_per_epoch)
+    while step < self._length.total_steps:
+      num_steps = self._steps_to_next_stop(step)
+      self._speed.start()
+      loss = float(self._steps.train_loop(iterator, tf.constant(num_steps)))
+      first_loop = self._speed.stop(num_steps)
+      if first_loop:
+        logging.info('First %d step(s), tracing included, done %.1f s after '
+                     'start', num_steps, time.monotonic() - self._started)
+      previous_step, step = step, step + num_steps
+      if not math.isfinite(loss):
+        raise errors.CtlError(
+            f'The training loss is {loss} after step {step}: it diverged in '
+            f'steps {previous_step + 1}..{step}. Nothing was saved after '
+            f'step {previous_step}. Lower the learning rate, or run with '
+            '--config.steps_per_loop=1 to find the exact step.')
+      end_of_epoch = (step % self._length.steps_per_epoch == 0 or
+                      step == self._length.total_steps)
+      if end_of_epoch or self._due(step, self._intervals.log_steps,
+                                   self._intervals.summary_steps):
+        self._report(step, write_summary=end_of_epoch or self._due(
+            step, self._intervals.summary_steps))
+      if end_of_epoch or self._due(step, self._intervals.eval_steps):
+        eval_results = self._evaluator.evaluate(step)
+      if end_of_epoch or self._due(step, self._intervals.checkpoint_steps):
+        self._checkpointer.save(step)
+    return eval_results
+
+  def _steps_to_next_stop(self, step: int) -> int:
+    """Steps until the next loop end, epoch end or interval boundary."""
+    stops = [self._steps_per_loop, self._length.total_steps - step,
+             self._length.steps_per_epoch - step % self._length.steps_per_epoch]
+    for every in (self._intervals.log_steps, self._intervals.summary_steps,
+                  self._intervals.eval_steps,
+                  self._intervals.checkpoint_steps):
+      if every:
+        stops.append(every - step % every)
+    return min(stops)
+
+  @staticmethod
+  def _due(step: int, *intervals: int) -> bool:
+    return any(every and step % every == 0 for every in intervals)
+
+  def _report(self, step: int, write_summary: bool) -> None:
+    """Reads the train metrics (on every worker), then logs and summarises."""
+    scalars = self._train_metrics.read_and_reset()
+    scalars['learning_rate'] = float(self._optimizer.learning_rate)
+    steps_per_second = self._speed.steps_per_second()
+    if steps_per_second:
+      scalars['steps_per_second'] = steps_per_second
+      scalars['examples_per_second'] = (
+          steps_per_second * self._length.global_batch_size)
+    if write_summary:
+      self._writer.write_scalars(step, scalars)
+      self._writer.flush()
+    # Counted from 1: "epoch 1, step 22 of 22" is the end of the first epoch.
+    epoch = -(-step // self._length.steps_per_epoch)
+    step_in_epoch = step - (epoch - 1) * self._length.steps_per_epoch
+    eta = self._speed.eta_seconds(step, self._length.total_steps)
+    logging.info(
+        'step %d/%d epoch %d/%d (step %d of %d) | %s | ETA %s', step,
+        self._length.total_steps, epoch, self._length.num_epochs,
+        step_in_epoch, self._length.steps_per_epoch, _format(scalars),
+        datetime.timedelta(seconds=round(eta)) if eta is not None else '?')
+
+
+class _SpeedMeter:
+  """Times train loops, leaving out the first (it traces the functions)."""
+
+  def __init__(self, clock=time.monotonic):
+    self._clock = clock
+    self._loops = 0
+    self._loop_started = 0.0
+    self._steps = 0  # Since the last steps_per_second().
+    self._seconds = 0.0
+    self._steady_since = None  # (time, steps done) after the first loop.
+    self._steady_steps = 0
+
+  def start(self) -> None:
+    self._loop_started = self._clock()
+
+  def stop(self, num_steps: int) -> bool:
+    """Records a loop of num_steps steps; returns whether it was the first."""
+    now = self._clock()
+    self._loops += 1
+    if self._loops == 1:
+      self._steady_since = now
+      return True
+    self._steps += num_steps
+    self._seconds += now - self._loop_started
+    self._steady_steps += num_steps
+    return False
+
+  def steps_per_second(self) -> float | None:
+    """Training speed since the last call, inside train loops only."""
+    speed = self._steps / self._seconds if self._seconds else None
+    self._steps, self._seconds = 0, 0.0
+    return speed
+
+  def eta_seconds(self, step: int, total_steps: int) -> float | None:
+    """Time left at the pace since the first loop, evaluations included."""
+    if not self._steady_steps:
+      return None
+    pace = (self._clock() - self._steady_since) / self._steady_steps
+    return pace * (total_steps - step)
+
+
+def _check_resumable(state: steps_lib.TrainState,
+                     length: TrainingLength) -> None:
+  """Fails if the config cuts epochs differently from the checkpoint's."""
+  position = state.as_dict()
+  expected = divmod(position['step'], length.steps_per_epoch)
+  if (position['epoch'], position['step_in_epoch']) != expected:
+    raise errors.ConfigError(
+        f"The checkpoint stopped at step {position['step']}, epoch "
+        f"{position['epoch']} step {position['step_in_epoch']} of its epoch, "
+        f'but this config has {length.steps_per_epoch} steps per epoch, so '
+        'the data would not resume where it stopped. Resume with the config '
+        'that wrote the checkpoint (batch_size, steps_per_epoch, data), or '
+        'train in a new --workdir.')
+
+
+def _check_workers_agree(strategy: tf.distribute.Strategy,
+                         state: steps_lib.TrainState) -> None:
+  """Fails if workers restored different steps (each must see the workdir)."""
+  local = float(state.step.numpy())
+  mean = float(strategy.reduce(
+      tf.distribute.ReduceOp.MEAN,
+      strategy.run(lambda: tf.cast(state.step, tf.float64)), axis=None))
+  if mean != local:
+    raise errors.CtlError(
+        f'This worker restored step {int(local)} but the workers average '
+        f'{mean}: every worker must read the same workdir (a shared '
+        'filesystem) to resume.')
+
+
+def _format(scalars: dict[str, float]) -> str:
+  return ' '.join(f'{name} {value:.4g}' for name, value in scalars.items())

@@ -1,0 +1,99 @@
+"""Helpers the tests share: run ctl as a real process, read what it wrote."""
+
+import collections
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import portpicker
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DIGITS = str(REPO / 'configs' / 'digits.py')
+
+
+def env_with(**variables) -> dict[str, str]:
+  """This process's environment plus variables; tests/ importable."""
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      filter(None, [str(REPO / 'tests'), env.get('PYTHONPATH')]))
+  env.update(variables)
+  return env
+
+
+def ctl_command(*args: str) -> list[str]:
+  return [sys.executable, '-m', 'ctl.main', *args]
+
+
+def run_ctl(*args: str, env=None, timeout=600) -> subprocess.CompletedProcess:
+  """Runs `python -m ctl.main args` to the end; returns its output and code."""
+  return subprocess.run(ctl_command(*args), cwd=REPO, env=env or env_with(),
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def cluster_envs(num_workers: int, **variables) -> list[dict[str, str]]:
+  """One environment per worker, each with its TF_CONFIG on free ports."""
+  workers = [f'localhost:{portpicker.pick_unused_port()}'
+             for _ in range(num_workers)]
+  return [
+      env_with(TF_CONFIG=json.dumps({
+          'cluster': {'worker': workers},
+          'task': {'type': 'worker', 'index': index},
+      }), **variables) for index in range(num_workers)
+  ]
+
+
+def run_workers(args, envs, logdir: pathlib.Path, timeout=600) -> list[int]:
+  """Runs one ctl.main per environment at once; returns their exit codes."""
+  processes = []
+  for index, env in enumerate(envs):
+    log = open(logdir / f'worker{index}.log', 'w')
+    processes.append((subprocess.Popen(ctl_command(*args), cwd=REPO, env=env,
+                                       stdout=log, stderr=subprocess.STDOUT),
+                      log))
+  codes = []
+  try:
+    for process, _ in processes:
+      codes.append(process.wait(timeout=timeout))
+  finally:
+    for process, log in processes:
+      if process.poll() is None:
+        process.kill()
+      log.close()
+  return codes
+
+
+def read_scalars(logdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
+  """{tag: [(step, value), ...]} from every TensorBoard event file in logdir."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  scalars = collections.defaultdict(list)
+  for path in sorted(logdir.glob('events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        scalars[value.tag].append(
+            (event.step, float(tf.make_ndarray(value.tensor))))
+  return dict(scalars)
+
+
+def read_results(workdir: pathlib.Path) -> dict:
+  return json.loads((workdir / 'results.json').read_text())
+
+
+def file_stamps(directory: pathlib.Path) -> dict[str, tuple[int, int]]:
+  """{relative path: (size, mtime_ns)} of every file below directory."""
+  return {
+      str(path.relative_to(directory)): (path.stat().st_size,
+                                         path.stat().st_mtime_ns)
+      for path in directory.rglob('*') if path.is_file()
+  }
+
+
+def load_config(name: str, *args):
+  """Returns configs/<name>.py's get_config(*args)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path = REPO / 'configs' / f'{name}.py'
+  spec = importlib.util.spec_from_file_location(f'configs_{name}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(*args)

@@ -1,0 +1,113 @@
+"""The data is a pure function of (seed, step), shared exactly across replicas."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ctl import datasets
+from ctl import input_pipeline
+
+NUM_EXAMPLES = 50
+# Features are the example's own index, so batches show which rows they hold.
+SPLIT = datasets.Split(np.arange(NUM_EXAMPLES, dtype=np.float32)[:, None],
+                       np.arange(NUM_EXAMPLES, dtype=np.int32))
+
+
+def _context(pipelines=1, pipeline_id=0, replicas=1):
+  return tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                    input_pipeline_id=pipeline_id,
+                                    num_replicas_in_sync=replicas)
+
+
+def _train_rows(start_step=0, total_steps=12, seed=0, steps_per_epoch=5,
+                global_batch_size=8, context=None):
+  dataset = input_pipeline.train_dataset(
+      SPLIT, feature_scale=1.0, seed=seed,
+      global_batch_size=global_batch_size, steps_per_epoch=steps_per_epoch,
+      start_step=start_step, total_steps=total_steps,
+      context=context or _context())
+  batches = [(features[:, 0].numpy().astype(int), labels.numpy())
+             for features, labels in dataset]
+  for features, labels in batches:
+    np.testing.assert_array_equal(features, labels)
+  return [labels for _, labels in batches]
+
+
+def test_covers_exactly_the_training_steps():
+  batches = _train_rows(total_steps=12)
+  assert len(batches) == 12
+  assert all(batch.shape == (8,) for batch in batches)
+
+
+def test_resuming_at_a_step_gives_the_same_batches_from_that_step():
+  everything = _train_rows()
+  for start in (1, 4, 5, 7, 11):
+    resumed = _train_rows(start_step=start)
+    assert len(resumed) == len(everything) - start
+    for expected, got in zip(everything[start:], resumed):
+      np.testing.assert_array_equal(expected, got)
+
+
+def test_an_epoch_never_repeats_an_example():
+  batches = _train_rows(total_steps=10, steps_per_epoch=5)
+  for epoch in range(2):
+    rows = np.concatenate(batches[epoch * 5:(epoch + 1) * 5])
+    assert len(set(rows)) == len(rows) == 40
+
+
+def test_epochs_longer_than_the_data_use_every_example_evenly():
+  # 10 steps of 8 = 80 rows from 50 examples: one whole pass, then 30 more.
+  rows = np.concatenate(_train_rows(total_steps=10, steps_per_epoch=10))
+  counts = np.bincount(rows, minlength=NUM_EXAMPLES)
+  assert counts.min() >= 1 and counts.max() <= 2
+  assert len(set(rows[:NUM_EXAMPLES])) == NUM_EXAMPLES
+
+
+def test_seed_and_epoch_change_the_order():
+  first = _train_rows(seed=0)
+  other_seed = _train_rows(seed=1)
+  assert not np.array_equal(first[0], other_seed[0])
+  assert not np.array_equal(first[0], first[5])  # Epoch 2 reshuffles.
+  np.testing.assert_array_equal(first[0], _train_rows(seed=0)[0])
+
+
+@pytest.mark.parametrize('pipelines, replicas', [(2, 2), (1, 2), (2, 4)])
+def test_replicas_split_the_same_global_batches(pipelines, replicas):
+  global_batches = _train_rows(start_step=3)
+  per_pipeline = [
+      _train_rows(start_step=3,
+                  context=_context(pipelines, pipeline_id, replicas))
+      for pipeline_id in range(pipelines)
+  ]
+  local_replicas = replicas // pipelines
+  for step, expected in enumerate(global_batches):
+    # Each pipeline yields one element per local replica per step, in order.
+    got = np.concatenate([
+        rows[step * local_replicas + replica]
+        for rows in per_pipeline for replica in range(local_replicas)
+    ])
+    np.testing.assert_array_equal(expected, got)
+
+
+@pytest.mark.parametrize('pipelines', [1, 2])
+def test_eval_covers_each_example_once_with_padding_weighted_zero(pipelines):
+  global_batch_size = 16
+  num_steps = input_pipeline.num_eval_steps(NUM_EXAMPLES, global_batch_size)
+  assert num_steps == 4
+  counts = np.zeros(NUM_EXAMPLES)
+  for pipeline_id in range(pipelines):
+    dataset = input_pipeline.eval_dataset(
+        SPLIT, feature_scale=1.0, global_batch_size=global_batch_size,
+        context=_context(pipelines, pipeline_id, pipelines))
+    for _, labels, weights in dataset.take(num_steps):
+      np.add.at(counts, labels.numpy(), weights.numpy())
+  np.testing.assert_array_equal(counts, np.ones(NUM_EXAMPLES))
+
+
+def test_features_are_scaled_to_float32():
+  split = datasets.Split(np.full((4, 2), 255, np.uint8), np.zeros(4, np.int32))
+  features, _ = next(iter(input_pipeline.train_dataset(
+      split, feature_scale=1 / 255, seed=0, global_batch_size=2,
+      steps_per_epoch=2, start_step=0, total_steps=2, context=_context())))
+  assert features.dtype == tf.float32
+  np.testing.assert_allclose(features.numpy(), 1.0)

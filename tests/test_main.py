@@ -1,0 +1,134 @@
+"""`python -m ctl.main` as users run it: exit codes, messages, files."""
+
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import helpers
+
+
+def test_readme_default_command_trains_digits_and_a_rerun_does_nothing(
+    tmp_path):
+  workdir = tmp_path / 'digits'
+  run = helpers.run_ctl(f'--config={helpers.DIGITS}', f'--workdir={workdir}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert helpers.read_results(workdir)['eval']['accuracy'] >= 0.97
+  # Progress as it goes: a line per epoch end and an evaluation per epoch.
+  assert 'step 44/880 epoch 1/20 (step 44 of 44)' in run.stderr
+  assert run.stderr.count('eval at step') == 20
+  assert 'ETA' in run.stderr
+
+  before = helpers.file_stamps(workdir)
+  rerun = helpers.run_ctl(f'--config={helpers.DIGITS}', f'--workdir={workdir}')
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert 'Training already finished at step 880 of 880' in rerun.stderr
+  assert helpers.file_stamps(workdir) == before
+
+
+@pytest.mark.slow
+def test_the_same_command_again_resumes_an_interrupted_run(tmp_path):
+  workdir = tmp_path / 'digits'
+  args = (f'--config={helpers.DIGITS}', f'--workdir={workdir}')
+  first = subprocess.Popen(helpers.ctl_command(*args), cwd=helpers.REPO,
+                           env=helpers.env_with(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + 120
+  while not list(workdir.glob('checkpoints/ckpt-*.index')):
+    assert first.poll() is None and time.monotonic() < deadline
+    time.sleep(0.05)
+  first.send_signal(signal.SIGKILL)
+  first.wait()
+
+  second = helpers.run_ctl(*args)
+  assert second.returncode == 0, second.stderr[-3000:]
+  resumed_at = int(re.search(r'Training from step (\d+) to 880',
+                             second.stderr).group(1))
+  assert 0 < resumed_at < 880 and resumed_at % 44 == 0
+  assert f'ckpt-{resumed_at}' in second.stderr  # "Restored .../ckpt-N".
+  assert helpers.read_results(workdir)['step'] == 880
+
+
+@pytest.mark.parametrize('override, message', [
+    ('--config.no_such_key=1', "Unknown config key in --config.no_such_key=1"),
+    ('--config.optimizer.learning_rat=1', 'Did you mean "learning_rate"'),
+    ('--config.optimizer.learning_rate=abc',
+     "--config.optimizer.learning_rate=abc: could not convert string to "
+     "float: 'abc'"),
+    ('--config.batch_size=1.5', '--config.batch_size=1.5'),
+    ('--config.optimizer.schedule=cosin',
+     "config.optimizer.schedule='cosin' must be one of"),
+    ('--config.model.name=resnet', "Unknown model 'resnet'"),
+])
+def test_a_bad_override_exits_2_naming_the_key_and_writes_nothing(
+    tmp_path, override, message):
+  workdir = tmp_path / 'never'
+  run = helpers.run_ctl(f'--config={helpers.DIGITS}', f'--workdir={workdir}',
+                        override)
+  assert run.returncode == 2, run.stderr[-3000:]
+  assert message in run.stderr
+  assert not workdir.exists()
+
+
+def test_an_existing_workdir_is_not_changed_by_a_bad_override(tmp_path):
+  (tmp_path / 'notes.txt').write_text('mine')
+  before = helpers.file_stamps(tmp_path)
+  run = helpers.run_ctl(f'--config={helpers.DIGITS}', f'--workdir={tmp_path}',
+                        '--config.no_such_key=1')
+  assert run.returncode == 2
+  assert helpers.file_stamps(tmp_path) == before
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--config=configs/no_such.py', '--workdir=/tmp/x'],
+     'Cannot load --config'),
+    ([f'--config={helpers.DIGITS}'], '--workdir must have a value'),
+    ([f'--config={helpers.DIGITS}', '--workdir=/tmp/x', 'stray'],
+     'Unexpected arguments: stray'),
+])
+def test_bad_flags_exit_2(args, message):
+  run = helpers.run_ctl(*args)
+  assert run.returncode == 2
+  assert message in run.stderr
+
+
+def test_an_unwritable_workdir_exits_1_with_a_clear_message(tmp_path):
+  (tmp_path / 'file').write_text('')
+  run = helpers.run_ctl(f'--config={helpers.DIGITS}',
+                        f'--workdir={tmp_path / "file" / "workdir"}')
+  assert run.returncode == 1
+  assert 'ctl: error: Cannot write to workdir' in run.stderr
+  assert 'Traceback' not in run.stderr
+
+
+def test_mnist_config_reads_the_keras_cache_offline(tmp_path):
+  (tmp_path / 'keras' / 'datasets').mkdir(parents=True)
+  rng = np.random.default_rng(0)
+  np.savez(tmp_path / 'keras' / 'datasets' / 'mnist.npz',
+           x_train=rng.integers(0, 256, (256, 28, 28), dtype=np.uint8),
+           y_train=rng.integers(0, 10, 256, dtype=np.uint8),
+           x_test=rng.integers(0, 256, (100, 28, 28), dtype=np.uint8),
+           y_test=rng.integers(0, 10, 100, dtype=np.uint8))
+  workdir = tmp_path / 'mnist'
+  run = helpers.run_ctl(
+      f'--config={helpers.REPO / "configs" / "mnist.py"}',
+      f'--workdir={workdir}', '--config.num_epochs=1',
+      '--config.steps_per_epoch=4',
+      env=helpers.env_with(KERAS_HOME=str(tmp_path / 'keras')))
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert helpers.read_results(workdir)['step'] == 4
+  assert 'eval at step 4' in run.stderr
+
+
+def test_missing_mnist_exits_1_before_writing(tmp_path):
+  workdir = tmp_path / 'mnist'
+  run = helpers.run_ctl(
+      f'--config={helpers.REPO / "configs" / "mnist.py"}',
+      f'--workdir={workdir}',
+      env=helpers.env_with(KERAS_HOME=str(tmp_path / 'empty')))
+  assert run.returncode == 1
+  assert 'MNIST file not found' in run.stderr
+  assert not workdir.exists()

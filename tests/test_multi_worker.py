@@ -1,0 +1,85 @@
+"""Several real worker processes on localhost, each with its own TF_CONFIG."""
+
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import helpers
+
+pytestmark = pytest.mark.slow
+
+ARGS = (f'--config={helpers.DIGITS}', '--config.num_epochs=2')
+
+
+def _fingerprints(logdir, num_workers):
+  found = []
+  for index in range(num_workers):
+    log = (logdir / f'worker{index}.log').read_text()
+    found += re.findall(r'Final weights sha256 (\w+)', log)
+  return found
+
+
+def _model_tensors(checkpoint_path):
+  reader = tf.train.load_checkpoint(str(checkpoint_path))
+  return {
+      name: reader.get_tensor(name)
+      for name in reader.get_variable_to_shape_map()
+      if name.startswith('optimizer/_trainable_variables/')
+  }
+
+
+def test_two_workers_train_one_model(tmp_path):
+  workdir, scratch = tmp_path / 'workdir', tmp_path / 'tmp'
+  scratch.mkdir()
+  envs = helpers.cluster_envs(2, TMPDIR=str(scratch))
+  codes = helpers.run_workers([*ARGS, f'--workdir={workdir}'], envs, tmp_path)
+  assert codes == [0, 0], (tmp_path / 'worker1.log').read_text()[-3000:]
+
+  # Identical weights on both workers.
+  fingerprints = _fingerprints(tmp_path, 2)
+  assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+  # The chief's files only; the other worker's scratch checkpoints are gone.
+  assert sorted(path.name for path in workdir.iterdir()) == [
+      'checkpoints', 'config.json', 'eval', 'results.json', 'train']
+  assert len(list((workdir / 'train').iterdir())) == 1
+  assert len(list((workdir / 'eval').iterdir())) == 1
+  assert not list(workdir.rglob('workertemp*'))
+  assert not list(scratch.iterdir())
+  assert 'Took part in saving checkpoint 88' in (
+      tmp_path / 'worker1.log').read_text()
+
+  # Two workers see the same global batches as one worker, and average
+  # gradients over them, so they train (to float rounding) the same model.
+  single = tmp_path / 'single'
+  run = helpers.run_ctl(*ARGS, f'--workdir={single}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  two_workers = _model_tensors(workdir / 'checkpoints' / 'ckpt-88')
+  one_worker = _model_tensors(single / 'checkpoints' / 'ckpt-88')
+  assert two_workers.keys() == one_worker.keys() and len(two_workers) == 6
+  for name, value in one_worker.items():
+    np.testing.assert_allclose(two_workers[name], value, atol=1e-5,
+                               err_msg=name)
+
+  # Started again, the finished job says so on both workers and writes nothing.
+  before = helpers.file_stamps(workdir)
+  codes = helpers.run_workers([*ARGS, f'--workdir={workdir}'],
+                              helpers.cluster_envs(2), tmp_path)
+  assert codes == [0, 0]
+  for index in range(2):
+    assert 'Training already finished at step 88' in (
+        tmp_path / f'worker{index}.log').read_text()
+  assert helpers.file_stamps(workdir) == before
+
+
+def test_a_batch_that_does_not_divide_across_workers_fails_on_each(tmp_path):
+  workdir = tmp_path / 'workdir'
+  codes = helpers.run_workers(
+      [*ARGS, f'--workdir={workdir}', '--config.batch_size=33'],
+      helpers.cluster_envs(2), tmp_path)
+  assert codes == [2, 2]
+  for index in range(2):
+    assert ('config.batch_size=33 does not divide across the 2 replicas'
+            in (tmp_path / f'worker{index}.log').read_text())
+  assert not workdir.exists()

@@ -1,0 +1,156 @@
+"""train_and_evaluate in this process, on one device: the loop's contract."""
+
+import json
+
+import numpy as np
+import pytest
+
+from ctl import errors
+from ctl import train
+import helpers
+
+
+def _digits(num_epochs=2, **fields):
+  """The digits default, shorter; fields are dotted keys -> values."""
+  config = helpers.load_config('digits')
+  config.num_epochs = num_epochs
+  for key, value in fields.items():
+    section, _, field = key.rpartition('.')
+    (config[section] if section else config)[field] = value
+  return config
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory):
+  """A 2-epoch digits run: (config, workdir, results)."""
+  config = _digits()
+  workdir = tmp_path_factory.mktemp('finished')
+  return config, workdir, train.train_and_evaluate(config, str(workdir))
+
+
+def test_writes_checkpoints_summaries_config_and_results(finished_run):
+  config, workdir, results = finished_run
+  assert (results['step'], results['epoch']) == (88, 2)
+  assert results['eval']['accuracy'] > 0.8
+  assert helpers.read_results(workdir) == results
+  assert json.loads((workdir / 'config.json').read_text()) == json.loads(
+      config.to_json())
+  checkpoints = sorted(path.name for path in
+                       (workdir / 'checkpoints').glob('*.index'))
+  assert checkpoints == ['ckpt-44.index', 'ckpt-88.index']  # Epoch ends.
+
+  train_scalars = helpers.read_scalars(workdir / 'train')
+  assert set(train_scalars) == {'loss', 'accuracy', 'learning_rate',
+                                'steps_per_second', 'examples_per_second'}
+  assert [step for step, _ in train_scalars['loss']] == list(range(11, 89, 11))
+  losses = [loss for _, loss in train_scalars['loss']]
+  assert losses[-1] < losses[0] / 2
+  eval_scalars = helpers.read_scalars(workdir / 'eval')
+  assert [step for step, _ in eval_scalars['accuracy']] == [44, 88]
+  assert eval_scalars['accuracy'][-1][1] == results['eval']['accuracy']
+
+
+def test_a_finished_run_is_not_trained_again(finished_run):
+  config, workdir, results = finished_run
+  before = helpers.file_stamps(workdir)
+  assert train.train_and_evaluate(config, str(workdir)) == results
+  assert helpers.file_stamps(workdir) == before
+
+
+def test_a_finished_run_without_results_only_evaluates(tmp_path):
+  config = _digits(num_epochs=1)
+  results = train.train_and_evaluate(config, str(tmp_path))
+  (tmp_path / 'results.json').unlink()
+  checkpoints = helpers.file_stamps(tmp_path / 'checkpoints')
+  assert train.train_and_evaluate(config, str(tmp_path)) == results
+  assert helpers.file_stamps(tmp_path / 'checkpoints') == checkpoints
+
+
+def test_resumes_from_the_latest_checkpoint(tmp_path):
+  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path))
+  results = train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
+  assert results['step'] == 88
+  # Two runs, two event files; the second starts after the first's last step.
+  steps = [step for step, _ in helpers.read_scalars(tmp_path / 'train')['loss']]
+  assert steps == list(range(11, 89, 11))
+  # The changed config is saved; the one the workdir started with is kept.
+  kept = list(tmp_path.glob('config.*.json'))
+  assert len(kept) == 1
+  assert json.loads(kept[0].read_text())['num_epochs'] == 1
+  assert json.loads((tmp_path / 'config.json').read_text())['num_epochs'] == 2
+
+
+def test_a_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
+  train.train_and_evaluate(_digits(num_epochs=1, **{'model.width': 16}),
+                           str(tmp_path))
+  before = helpers.file_stamps(tmp_path / 'checkpoints')
+  with pytest.raises(errors.CtlError, match='does not match this model') as e:
+    train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
+  assert 'left untouched' in str(e.value)
+  assert helpers.file_stamps(tmp_path / 'checkpoints') == before
+
+
+def test_a_config_that_cuts_epochs_differently_is_refused(tmp_path):
+  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path))
+  with pytest.raises(errors.ConfigError, match='22 steps per epoch'):
+    train.train_and_evaluate(_digits(num_epochs=2, batch_size=64),
+                             str(tmp_path))
+
+
+def test_a_diverging_loss_stops_before_saving(tmp_path):
+  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path))
+  before = helpers.file_stamps(tmp_path)
+  with pytest.raises(errors.CtlError, match=r'diverged in steps 45\.\.55'):
+    train.train_and_evaluate(_digits(num_epochs=2,
+                                     loss='user_modules:nan_loss'),
+                             str(tmp_path))
+  after = helpers.file_stamps(tmp_path)
+  assert {name: after[name] for name in before
+          if not name.startswith('config')} == {
+              name: stamp for name, stamp in before.items()
+              if not name.startswith('config')}
+  assert not any(name.startswith('checkpoints/ckpt-55') for name in after)
+
+
+def test_an_unwritable_workdir_is_a_clear_error(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('')
+  with pytest.raises(errors.CtlError, match='Cannot write to workdir'):
+    train.train_and_evaluate(_digits(num_epochs=1), str(blocker / 'workdir'))
+
+
+def test_a_batch_larger_than_the_data_is_a_config_error(tmp_path):
+  with pytest.raises(errors.ConfigError, match='larger than the 1438'):
+    train.train_and_evaluate(_digits(batch_size=2048), str(tmp_path / 'w'))
+  assert not (tmp_path / 'w').exists()
+
+
+def test_trains_a_users_own_dataset_and_model(tmp_path):
+  config = _digits(num_epochs=10, **{
+      'data.name': 'user_modules:blobs', 'model.name': 'user_modules:linear',
+      'eval_batch_size': 0, 'optimizer.learning_rate': 0.05,
+      'optimizer.schedule': 'constant'})
+  results = train.train_and_evaluate(config, str(tmp_path))
+  assert results['step'] == 10 * (320 // 32)
+  assert results['eval']['accuracy'] > 0.9
+
+
+def test_training_length_resolves_defaults():
+  config = _digits(num_epochs=3)
+  length = train.training_length(config, num_train_examples=1000,
+                                 num_replicas=4)
+  assert (length.steps_per_epoch, length.total_steps, length.num_epochs) == (
+      31, 93, 3)
+  config.total_steps = 40
+  assert train.training_length(config, 1000, 4).num_epochs == 2
+  with pytest.raises(errors.ConfigError, match='does not divide across the 3'):
+    train.training_length(config, 1000, num_replicas=3)
+
+
+def test_weights_fingerprint_sees_every_weight():
+  import keras  # pylint: disable=g-import-not-at-top
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+  before = train.weights_fingerprint(model)
+  kernel = model.weights[0]
+  kernel.assign(kernel.numpy() + np.float32(1e-7))
+  assert train.weights_fingerprint(model) != before
