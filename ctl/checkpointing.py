@@ -4,6 +4,12 @@ Under MultiWorkerMirroredStrategy every worker must take part in a save
 (saving can run collectives). The chief writes `workdir/checkpoints`; every
 other worker writes to a temporary directory of its own, outside the
 workdir, and deletes it right after.
+
+A save is crash-safe: tf.train.CheckpointManager writes the new
+checkpoint's files completely before it atomically rewrites the
+`checkpoint` state file that names the latest one, and deletes old
+checkpoints only after that. A kill at any moment leaves the previous or the
+new checkpoint as the latest, whole.
 """
 
 import os
@@ -11,9 +17,27 @@ import shutil
 import tempfile
 
 from absl import logging
+import keras
 import tensorflow as tf
 
 from ctl import errors
+from ctl import steps as steps_lib
+
+
+def training_checkpoint(model: keras.Model,
+                        optimizer: keras.optimizers.Optimizer,
+                        state: steps_lib.TrainState) -> tf.train.Checkpoint:
+  """Everything a run needs to continue exactly where it stopped.
+
+  Keras 3 keeps the state of random layers (Dropout's seed generator) in
+  variables that tf.train.Checkpoint does not find through the model; they
+  are added explicitly so that a resumed run draws the same random numbers.
+  """
+  weights = {id(weight) for weight in model.weights}
+  rng_states = [v for v in model.variables if id(v) not in weights]
+  return tf.train.Checkpoint(model=model, optimizer=optimizer, rng=rng_states,
+                             step=state.step, epoch=state.epoch,
+                             step_in_epoch=state.step_in_epoch)
 
 
 class Checkpointer:
@@ -23,6 +47,8 @@ class Checkpointer:
                is_chief: bool, task_id: int, max_to_keep: int):
     self._checkpoint = checkpoint
     self.directory = directory
+    self._last_saved_step = None
+    _check_state_file(directory)
     # Every worker reads the chief's checkpoints; creating a manager writes
     # nothing.
     self._read_manager = tf.train.CheckpointManager(
@@ -54,18 +80,27 @@ class Checkpointer:
       return None
     try:
       self._checkpoint.restore(path).assert_consumed()
-    except (AssertionError, ValueError, tf.errors.OpError) as error:
+    except Exception as error:  # pylint: disable=broad-except
+      # Mismatches raise AssertionError or ValueError; damaged files raise
+      # OpErrors, but a truncated one IndexError.
       raise errors.CtlError(
           f'Checkpoint {path} does not match this model and optimizer, or '
-          f'cannot be read: {_first_line(error)}\nIt was left untouched. '
+          f'cannot be read: {_summary(error)}\nIt was left untouched. '
           'Resume it with the config that wrote it, or train in a new '
           '--workdir.') from error
+    self._last_saved_step = int(path.rsplit('-', 1)[1])  # ckpt-<step>
     logging.info('Restored %s', path)
     return path
 
   def save(self, step: int) -> None:
-    """Saves the state as checkpoint number `step` (on every worker)."""
+    """Saves the state as checkpoint number `step` (on every worker).
+
+    A step already saved (or just restored) is not saved again.
+    """
+    if step == self._last_saved_step:
+      return
     path = self._write_manager.save(checkpoint_number=step)
+    self._last_saved_step = step
     if self._scratch_directory is None:
       logging.info('Saved %s', path)
     else:
@@ -74,6 +109,56 @@ class Checkpointer:
                    step)
 
 
-def _first_line(error: Exception) -> str:
-  text = str(error).strip()
-  return text.splitlines()[0] if text else type(error).__name__
+def _check_state_file(directory: str) -> None:
+  """Fails if the state file naming the checkpoints exists but is unreadable.
+
+  tf.train.CheckpointManager would log a warning and start from scratch,
+  overwriting the checkpoints. (A missing state file only means that the
+  first save never completed: it is written last, atomically.)
+  """
+  state_file = os.path.join(directory, 'checkpoint')
+  if not tf.io.gfile.exists(state_file):
+    return
+  try:
+    readable = tf.train.get_checkpoint_state(directory) is not None
+  except ValueError:  # Parsed, but names no checkpoint.
+    readable = False
+  if not readable:
+    raise errors.CtlError(
+        f'The checkpoint state file {state_file} cannot be read, so the '
+        'latest checkpoint is unknown. It and the checkpoints were left '
+        'untouched: repair or remove it, or train in a new --workdir.')
+
+
+def warm_start(model: keras.Model, source: str) -> str:
+  """Loads model weights (nothing else) from a checkpoint or a workdir.
+
+  Args:
+    model: the freshly built model.
+    source: a checkpoint path prefix, a checkpoint directory, or a workdir.
+
+  Returns:
+    The checkpoint path read.
+
+  Raises:
+    CtlError: when no checkpoint is found or it does not fit the model.
+  """
+  path = source
+  for directory in (source, os.path.join(source, 'checkpoints')):
+    if tf.io.gfile.isdir(directory) and tf.train.latest_checkpoint(directory):
+      path = tf.train.latest_checkpoint(directory)
+      break
+  try:
+    status = tf.train.Checkpoint(model=model).read(path)
+    status.expect_partial().assert_existing_objects_matched()
+  except Exception as error:  # pylint: disable=broad-except
+    raise errors.CtlError(
+        f'Cannot warm-start from config.init_from={source!r}: '
+        f'{_summary(error)}') from error
+  logging.info('Warm start: model weights from %s', path)
+  return path
+
+
+def _summary(error: Exception, max_chars: int = 600) -> str:
+  text = str(error).strip() or type(error).__name__
+  return text if len(text) <= max_chars else text[:max_chars] + ' ...'

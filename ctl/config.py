@@ -19,6 +19,15 @@ def base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   # Seeds model initialisation and the order of training examples.
   config.seed = 0
+  # Deterministic ops (tf.config.experimental.enable_op_determinism): a run
+  # stopped and resumed any number of times ends with the same weights, bit
+  # for bit, as an uninterrupted one. Some ops get slower; a few GPU ops
+  # have no deterministic kernel and then fail.
+  config.deterministic = False
+  # Warm start: a checkpoint (path prefix, or a workdir) whose model weights
+  # initialise a new run. Only used while the workdir has no checkpoint of
+  # its own; the optimizer and step start afresh.
+  config.init_from = ''
 
   config.data = ml_collections.ConfigDict()
   # 'digits', 'mnist', or 'package.module:function' (see ctl/datasets.py).
@@ -73,6 +82,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.intervals.summary_steps = 100
   config.intervals.eval_steps = 0
   config.intervals.checkpoint_steps = 1000
+  # Also save when this many seconds passed since the last save (checked
+  # after each loop of steps_per_loop steps); 0 is off. A SIGKILL loses at
+  # most one interval.
+  config.intervals.checkpoint_secs = 600.0
   config.intervals.keep_checkpoints = 3
 
   config.distribution = ml_collections.ConfigDict()
@@ -83,8 +96,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.distribution.cluster_resolver = 'tf_config'
   # Cross-worker all-reduce: 'AUTO', 'RING' or 'NCCL'.
   config.distribution.collective = 'AUTO'
-  # Seconds a collective may wait for a peer before failing; 0 waits forever.
-  config.distribution.timeout_seconds = 0.0
+  # Seconds a collective may wait for a peer before the job fails (exit
+  # code 43), so that a dead or hung worker never blocks the others
+  # forever; 0 waits forever. Must exceed the longest checkpoint save and
+  # the first step's tracing.
+  config.distribution.timeout_seconds = 600.0
   return config
 
 
@@ -99,7 +115,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',
               'total_steps', 'optimizer.warmup_steps', 'intervals.log_steps',
               'intervals.summary_steps', 'intervals.eval_steps',
-              'intervals.checkpoint_steps',
+              'intervals.checkpoint_steps', 'intervals.checkpoint_secs',
               'distribution.timeout_seconds'):
     _check(config, key, lambda value: value >= 0, 'must not be negative')
   _check(config, 'optimizer.learning_rate', lambda value: value > 0,

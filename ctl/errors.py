@@ -1,16 +1,43 @@
-"""Errors a user can act on; `ctl.main` prints their message and exits with their code."""
+"""Errors a user can act on; `ctl.main` prints their message and exits with their code.
 
-EXIT_FAILURE = 1  # Bad data, a mismatched checkpoint, a diverged run, an unwritable workdir.
-EXIT_USAGE = 2  # A wrong flag or config value; nothing was written.
+Exit codes a scheduler can act on:
+  0   finished (or had finished before).
+  1   failed: bad data, a mismatched checkpoint, a diverged loss, an
+      unwritable workdir. Restarting will not help.
+  2   a wrong flag or config value; nothing was written.
+  42  preempted: stopped by SIGTERM after saving a checkpoint at the step it
+      reached, on every worker. Restart to resume; nothing is lost.
+  43  a peer worker died or stopped responding (or this worker lost the
+      cluster). Restart every worker: they resume from the latest checkpoint.
+"""
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_PREEMPTED = 42
+EXIT_PEER_FAILED = 43
 
 
 class CtlError(Exception):
   """A failure with a message that tells the user what to do; no traceback needed."""
 
   exit_code = EXIT_FAILURE
+  label = 'error'
 
 
 class ConfigError(CtlError):
   """A config value that cannot work; raised before anything is written."""
 
   exit_code = EXIT_USAGE
+
+
+class Preempted(CtlError):
+  """SIGTERM stopped training after a checkpoint at the step it reached."""
+
+  exit_code = EXIT_PREEMPTED
+  label = 'preempted'
+
+
+class PeerFailure(CtlError):
+  """A collective failed: a worker died, hung or lost the cluster."""
+
+  exit_code = EXIT_PEER_FAILED

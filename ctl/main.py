@@ -4,8 +4,9 @@ Any config field can be overridden, e.g. `--config.optimizer.learning_rate=0.01`
 The config is locked: a key that does not exist, or a value of the wrong
 type, stops the run (exit code 2) before anything is written.
 
-Exit codes: 0 trained (or had already finished); 1 failed (the message says
-why); 2 wrong flags or config.
+Exit codes (see ctl/errors.py): 0 trained, or had finished; 1 failed, the
+message says why; 2 wrong flags or config; 42 preempted by SIGTERM after a
+checkpoint, restart to resume; 43 a peer worker failed, restart all workers.
 """
 
 import os
@@ -35,9 +36,26 @@ def main(argv: list[str]) -> None:
   try:
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except errors.CtlError as error:
-    logging.error('%s', error)
-    print(f'ctl: error: {error}', file=sys.stderr)
-    sys.exit(error.exit_code)
+    if error.exit_code == errors.EXIT_PREEMPTED:
+      logging.warning('%s', error)
+    else:
+      logging.error('%s', error)
+    print(f'ctl: {error.label}: {error}', file=sys.stderr)
+    _exit_now(error.exit_code)
+
+
+def _exit_now(code: int) -> None:
+  """Exits without TensorFlow's shutdown, once everything is flushed.
+
+  Under MultiWorkerMirroredStrategy the runtime's shutdown takes seconds
+  (more when a peer is gone), which a preemption's grace period cannot
+  spare. Checkpoints, summaries and results are written synchronously, so
+  nothing is lost.
+  """
+  logging.flush()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
 
 
 def _drop_tensorflow_info(record) -> bool:

@@ -71,15 +71,28 @@ class Steps:
     self._strategy.run(self._replica_eval_step, args=next(iterator))
 
   @tf.function
-  def train_loop(self, iterator, num_steps: tf.Tensor) -> tf.Tensor:
-    """Runs num_steps training steps; returns the mean loss since the last read.
+  def train_loop(self, iterator, num_steps: tf.Tensor,
+                 requests: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Runs num_steps training steps, then agrees on what to do next.
 
-    A non-finite result means some step since the last report diverged.
+    Args:
+      iterator: the distributed training iterator.
+      num_steps: a scalar int32 tensor.
+      requests: this worker's int32 flags, e.g. [stop, save].
+
+    Returns:
+      The mean loss since the metrics were last read (non-finite if any
+      step since diverged), and `requests` summed over every replica of
+      every worker: an entry > 0 means some worker asked for it, and every
+      worker gets the same answer after the same step.
     """
     for _ in tf.range(num_steps):
       self.train_step(iterator)
     self._state.advance(num_steps, self._steps_per_epoch)
-    return self._train_metrics.loss.result()
+    agreed = self._strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
+        self._strategy.run(tf.identity, args=(requests,)), axis=None)
+    return self._train_metrics.loss.result(), agreed
 
   @tf.function
   def eval_loop(self, iterator, num_steps: tf.Tensor) -> None:

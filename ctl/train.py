@@ -27,6 +27,8 @@ from ctl import input_pipeline
 from ctl import metrics as metrics_lib
 from ctl import models
 from ctl import optimizers
+from ctl import periodic
+from ctl import preemption
 from ctl import steps as steps_lib
 from ctl import summaries
 from ctl import workdir as workdir_lib
@@ -82,15 +84,43 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
   Raises:
     ConfigError: the config cannot work; nothing was written.
+    Preempted: SIGTERM stopped training after a checkpoint at that step.
+    PeerFailure: another worker died or hung; nothing half-done was saved.
     CtlError: the data, the workdir or a checkpoint is unusable, or the loss
       diverged; no checkpoint or result was overwritten.
   """
   started = time.monotonic()
   config_lib.validate(config)
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
   strategy, task = distribution.build_strategy(config.distribution)
   logging.info('Task %s of %d worker(s), %d replica(s) in sync, chief: %s',
                task.name, task.num_workers, strategy.num_replicas_in_sync,
                task.is_chief)
+  with preemption.StopSignal() as stop_signal:
+    try:
+      return _run(config, workdir, strategy, task, stop_signal, started)
+    except _PEER_ERRORS as error:
+      if task.num_workers == 1:
+        raise
+      raise errors.PeerFailure(
+          f'Lost the other workers ({type(error).__name__}): a worker died, '
+          'was stopped, or did not respond within '
+          f'distribution.timeout_seconds={config.distribution.timeout_seconds}'
+          '. Nothing was saved after the latest checkpoint in '
+          f'{workdir_lib.checkpoint_dir(workdir)}; restart every worker to '
+          'resume from it.') from error
+
+
+# What a collective raises when a peer is gone or too slow.
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str,
+         strategy: tf.distribute.Strategy, task: distribution.Task,
+         stop_signal: preemption.StopSignal, started: float) -> dict:
+  """train_and_evaluate, once the strategy exists."""
   keras.utils.set_random_seed(config.seed)
   data = datasets.load(config.data)
   length = training_length(config, len(data.train),
@@ -107,9 +137,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     train_metrics = metrics_lib.MetricSet(config.metrics)
     eval_metrics = metrics_lib.MetricSet(config.metrics)
   checkpointer = checkpointing.Checkpointer(
-      tf.train.Checkpoint(model=model, optimizer=optimizer, step=state.step,
-                          epoch=state.epoch,
-                          step_in_epoch=state.step_in_epoch),
+      checkpointing.training_checkpoint(model, optimizer, state),
       workdir_lib.checkpoint_dir(workdir), is_chief=task.is_chief,
       task_id=task.task_id, max_to_keep=config.intervals.keep_checkpoints)
   if task.is_chief:
@@ -117,6 +145,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     workdir_lib.save_config(workdir, config)
   if checkpointer.restore_latest():
     _check_resumable(state, length)
+  elif config.init_from:
+    checkpointing.warm_start(model, config.init_from)
   if task.num_workers > 1:
     _check_workers_agree(strategy, state)
 
@@ -141,9 +171,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   eval_results = None
   if step < length.total_steps:
     loop = _TrainLoop(
-        config=config, length=length, steps=steps,
-        optimizer=optimizer, train_metrics=train_metrics,
-        evaluator=evaluator, checkpointer=checkpointer,
+        config=config, length=length, steps=steps, optimizer=optimizer,
+        train_metrics=train_metrics, evaluator=evaluator,
+        checkpointer=checkpointer, stop_signal=stop_signal,
         writer=summaries.make_writer(
             workdir_lib.summary_dir(workdir, 'train'), task.is_chief),
         started=started)
@@ -207,11 +237,16 @@ class _Evaluator:
 
 
 class _TrainLoop:
-  """The Python loop around train_loop: when to log, evaluate and save."""
+  """The Python loop around train_loop: when to log, evaluate, save and stop."""
 
-  def __init__(self, *, config, length, steps, optimizer,
-               train_metrics, evaluator, checkpointer, writer, started):
-    self._intervals = config.intervals
+  def __init__(self, *, config, length, steps, optimizer, train_metrics,
+               evaluator, checkpointer, stop_signal, writer, started):
+    intervals = config.intervals
+    self._log = periodic.Periodic(intervals.log_steps)
+    self._summary = periodic.Periodic(intervals.summary_steps)
+    self._eval = periodic.Periodic(intervals.eval_steps)
+    self._checkpoint = periodic.Periodic(intervals.checkpoint_steps,
+                                         intervals.checkpoint_secs)
     self._steps_per_loop = config.steps_per_loop
     self._length = length
     self._steps = steps
@@ -219,58 +254,68 @@ class _TrainLoop:
     self._train_metrics = train_metrics
     self._evaluator = evaluator
     self._checkpointer = checkpointer
+    self._stop_signal = stop_signal
     self._writer = writer
     self._started = started
     self._speed = _SpeedMeter()
 
   def run(self, iterator, step: int) -> dict[str, float] | None:
-    """Trains from step to the end; returns the last evaluation's results."""
+    """Trains from step to the end; returns the last evaluation's results.
+
+    Raises:
+      Preempted: after saving, when some worker received SIGTERM.
+    """
     eval_results = None
+    total_steps = self._length.total_steps
     logging.info('Training from step %d to %d (epoch %d of %d, %d steps each)',
-                 step, self._length.total_steps,
-                 step // self._length.steps_per_epoch + 1,
+                 step, total_steps, step // self._length.steps_per_epoch + 1,
                  self._length.num_epochs, self._length.steps_per_epoch)
-    while step < self._length.total_steps:
+    while step < total_steps:
       num_steps = self._steps_to_next_stop(step)
+      requests = tf.constant(
+          [self._stop_signal.requested, self._checkpoint.due_by_time()],
+          tf.int32)
       self._speed.start()
-      loss = float(self._steps.train_loop(iterator, tf.constant(num_steps)))
-      first_loop = self._speed.stop(num_steps)
-      if first_loop:
+      loss, agreed = self._steps.train_loop(iterator, tf.constant(num_steps),
+                                            requests)
+      loss = float(loss)
+      stop, save_now = (agreed.numpy() > 0).tolist()
+      if self._speed.stop(num_steps):
         logging.info('First %d step(s), tracing included, done %.1f s after '
                      'start', num_steps, time.monotonic() - self._started)
       previous_step, step = step, step + num_steps
       if not math.isfinite(loss):
         raise errors.CtlError(
-            f'The training loss is {loss} after step {step}: it diverged in '
-            f'steps {previous_step + 1}..{step}. Nothing was saved after '
-            f'step {previous_step}. Lower the learning rate, or run with '
-            '--config.steps_per_loop=1 to find the exact step.')
+            f'The training loss is {loss} after step {step}: it '
+            f'diverged in steps {previous_step + 1}..{step}. Nothing was '
+            f'saved after step {previous_step}. Lower the learning rate, or '
+            'run with --config.steps_per_loop=1 to find the exact step.')
       end_of_epoch = (step % self._length.steps_per_epoch == 0 or
-                      step == self._length.total_steps)
-      if end_of_epoch or self._due(step, self._intervals.log_steps,
-                                   self._intervals.summary_steps):
-        self._report(step, write_summary=end_of_epoch or self._due(
-            step, self._intervals.summary_steps))
-      if end_of_epoch or self._due(step, self._intervals.eval_steps):
+                      step == total_steps)
+      if end_of_epoch or self._log.due_at(step) or self._summary.due_at(step):
+        self._report(step, write_summary=end_of_epoch or
+                     self._summary.due_at(step))
+      if end_of_epoch or self._eval.due_at(step):
         eval_results = self._evaluator.evaluate(step)
-      if end_of_epoch or self._due(step, self._intervals.checkpoint_steps):
+      if end_of_epoch or save_now or stop or self._checkpoint.due_at(step):
         self._checkpointer.save(step)
+        self._checkpoint.done()
+      if stop and step < total_steps:
+        raise errors.Preempted(
+            f'Stopped by SIGTERM after step {step} of {total_steps}, with a '
+            f'checkpoint of step {step} in {self._checkpointer.directory}. '
+            'Run the same command again to resume from it.')
     return eval_results
 
   def _steps_to_next_stop(self, step: int) -> int:
-    """Steps until the next loop end, epoch end or interval boundary."""
+    """Steps until the next loop end, epoch end or step interval."""
+    until_epoch_end = (self._length.steps_per_epoch -
+                       step % self._length.steps_per_epoch)
     stops = [self._steps_per_loop, self._length.total_steps - step,
-             self._length.steps_per_epoch - step % self._length.steps_per_epoch]
-    for every in (self._intervals.log_steps, self._intervals.summary_steps,
-                  self._intervals.eval_steps,
-                  self._intervals.checkpoint_steps):
-      if every:
-        stops.append(every - step % every)
+             until_epoch_end]
+    for action in (self._log, self._summary, self._eval, self._checkpoint):
+      stops.append(action.steps_until_due(step) or stops[0])
     return min(stops)
-
-  @staticmethod
-  def _due(step: int, *intervals: int) -> bool:
-    return any(every and step % every == 0 for every in intervals)
 
   def _report(self, step: int, write_summary: bool) -> None:
     """Reads the train metrics (on every worker), then logs and summarises."""
@@ -354,10 +399,13 @@ def _check_resumable(state: steps_lib.TrainState,
 def _check_workers_agree(strategy: tf.distribute.Strategy,
                          state: steps_lib.TrainState) -> None:
   """Fails if workers restored different steps (each must see the workdir)."""
-  local = float(state.step.numpy())
-  mean = float(strategy.reduce(
-      tf.distribute.ReduceOp.MEAN,
-      strategy.run(lambda: tf.cast(state.step, tf.float64)), axis=None))
+  @tf.function
+  def mean_step():
+    return strategy.reduce(
+        tf.distribute.ReduceOp.MEAN,
+        strategy.run(lambda: tf.cast(state.step, tf.float64)), axis=None)
+
+  local, mean = float(state.step.numpy()), float(mean_step())
   if mean != local:
     raise errors.CtlError(
         f'This worker restored step {int(local)} but the workers average '

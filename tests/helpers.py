@@ -4,8 +4,11 @@ import collections
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import threading
+import time
 
 import portpicker
 
@@ -76,6 +79,17 @@ def read_scalars(logdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
   return dict(scalars)
 
 
+def model_tensors(checkpoint_path) -> dict:
+  """{name: value} of the model's weights in a ctl checkpoint."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(str(checkpoint_path))
+  return {
+      name: reader.get_tensor(name)
+      for name in reader.get_variable_to_shape_map()
+      if name.startswith(('model/', 'optimizer/_trainable_variables/'))
+  }
+
+
 def read_results(workdir: pathlib.Path) -> dict:
   return json.loads((workdir / 'results.json').read_text())
 
@@ -97,3 +111,61 @@ def load_config(name: str, *args):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(*args)
+
+
+class Watched:
+  """A process whose output (stdout and stderr) is collected as it runs."""
+
+  def __init__(self, command: list[str], env=None):
+    self.process = subprocess.Popen(command, cwd=REPO, env=env or env_with(),
+                                    stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+    self._lines = []
+    self._changed = threading.Condition()
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self):
+    for line in self.process.stdout:
+      with self._changed:
+        self._lines.append(line)
+        self._changed.notify_all()
+    with self._changed:
+      self._lines.append(None)  # End of output.
+      self._changed.notify_all()
+
+  @property
+  def output(self) -> str:
+    with self._changed:
+      return ''.join(line for line in self._lines if line is not None)
+
+  def wait_for(self, pattern: str, timeout: float = 120) -> re.Match:
+    """Waits until a line matches pattern; fails if output ends first."""
+    deadline = time.monotonic() + timeout
+    with self._changed:
+      while True:
+        for line in self._lines:
+          match = line is not None and re.search(pattern, line)
+          if match:
+            return match
+        assert self._lines[-1:] != [None], (
+            f'Output ended without {pattern!r}:\n{self.output[-3000:]}')
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f'No {pattern!r} within {timeout} s'
+        self._changed.wait(remaining)
+
+  def wait(self, timeout: float = 600) -> int:
+    """Waits for the process to exit; returns its exit code."""
+    code = self.process.wait(timeout=timeout)
+    self._reader.join()
+    return code
+
+  def kill(self) -> None:
+    if self.process.poll() is None:
+      self.process.kill()
+    self.wait()
+
+
+def fingerprint(output: str) -> list[str]:
+  """The final-weights SHA-256 that each worker logged, in order."""
+  return re.findall(r'Final weights sha256 (\w+)', output)

@@ -4,7 +4,6 @@ import re
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import helpers
 
@@ -19,15 +18,6 @@ def _fingerprints(logdir, num_workers):
     log = (logdir / f'worker{index}.log').read_text()
     found += re.findall(r'Final weights sha256 (\w+)', log)
   return found
-
-
-def _model_tensors(checkpoint_path):
-  reader = tf.train.load_checkpoint(str(checkpoint_path))
-  return {
-      name: reader.get_tensor(name)
-      for name in reader.get_variable_to_shape_map()
-      if name.startswith('optimizer/_trainable_variables/')
-  }
 
 
 def test_two_workers_train_one_model(tmp_path):
@@ -55,8 +45,8 @@ def test_two_workers_train_one_model(tmp_path):
   single = tmp_path / 'single'
   run = helpers.run_ctl(*ARGS, f'--workdir={single}')
   assert run.returncode == 0, run.stderr[-3000:]
-  two_workers = _model_tensors(workdir / 'checkpoints' / 'ckpt-88')
-  one_worker = _model_tensors(single / 'checkpoints' / 'ckpt-88')
+  two_workers = helpers.model_tensors(workdir / 'checkpoints' / 'ckpt-88')
+  one_worker = helpers.model_tensors(single / 'checkpoints' / 'ckpt-88')
   assert two_workers.keys() == one_worker.keys() and len(two_workers) == 6
   for name, value in one_worker.items():
     np.testing.assert_allclose(two_workers[name], value, atol=1e-5,

@@ -154,3 +154,66 @@ def test_weights_fingerprint_sees_every_weight():
   kernel = model.weights[0]
   kernel.assign(kernel.numpy() + np.float32(1e-7))
   assert train.weights_fingerprint(model) != before
+
+
+@pytest.mark.parametrize('damage', ['truncated data', 'garbage state file'])
+def test_a_corrupted_checkpoint_is_refused_and_kept(tmp_path, damage):
+  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path))
+  checkpoints = tmp_path / 'checkpoints'
+  if damage == 'truncated data':
+    data = checkpoints / 'ckpt-44.data-00000-of-00001'
+    data.write_bytes(data.read_bytes()[:1000])
+  else:
+    (checkpoints / 'checkpoint').write_text('model_checkpoint_path: {{{')
+  before = helpers.file_stamps(tmp_path)
+  with pytest.raises(errors.CtlError, match='untouched'):
+    train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
+  after = helpers.file_stamps(tmp_path)
+  assert {k: v for k, v in after.items() if not k.startswith('config')} == {
+      k: v for k, v in before.items() if not k.startswith('config')}
+
+
+def test_warm_start_takes_model_weights_and_starts_at_step_0(tmp_path):
+  source = tmp_path / 'source'
+  train.train_and_evaluate(_digits(num_epochs=1), str(source))
+  # A negligible learning rate leaves the warm-started weights as they are.
+  target = tmp_path / 'target'
+  results = train.train_and_evaluate(
+      _digits(num_epochs=1, init_from=str(source), **{
+          'optimizer.name': 'sgd', 'optimizer.learning_rate': 1e-30}),
+      str(target))
+  assert results['step'] == 44
+  source_weights = helpers.model_tensors(source / 'checkpoints' / 'ckpt-44')
+  target_weights = helpers.model_tensors(target / 'checkpoints' / 'ckpt-44')
+  assert source_weights.keys() == target_weights.keys()
+  for name, value in source_weights.items():
+    np.testing.assert_allclose(target_weights[name], value, atol=1e-20)
+
+
+def test_warm_start_is_ignored_once_the_workdir_has_a_checkpoint(
+    tmp_path, caplog):
+  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path / 'own'))
+  caplog.set_level('INFO')
+  train.train_and_evaluate(
+      _digits(num_epochs=2, init_from=str(tmp_path / 'no_such_dir')),
+      str(tmp_path / 'own'))
+  assert 'Restored' in caplog.text and 'Warm start' not in caplog.text
+
+
+def test_warm_start_from_another_model_is_a_clear_error(tmp_path):
+  train.train_and_evaluate(_digits(num_epochs=1, **{'model.width': 16}),
+                           str(tmp_path / 'narrow'))
+  with pytest.raises(errors.CtlError, match='Cannot warm-start'):
+    train.train_and_evaluate(
+        _digits(num_epochs=1, init_from=str(tmp_path / 'narrow')),
+        str(tmp_path / 'wide'))
+
+
+def test_checkpoints_on_a_time_interval_at_loop_ends(tmp_path):
+  config = _digits(num_epochs=1, steps_per_loop=5, **{
+      'intervals.checkpoint_secs': 1e-9, 'intervals.checkpoint_steps': 0,
+      'intervals.summary_steps': 0, 'intervals.keep_checkpoints': 100})
+  train.train_and_evaluate(config, str(tmp_path))
+  saved = sorted(int(path.name[5:-6]) for path in
+                 (tmp_path / 'checkpoints').glob('ckpt-*.index'))
+  assert saved == [5, 10, 15, 20, 25, 30, 35, 40, 44]

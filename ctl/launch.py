@@ -1,0 +1,240 @@
+"""Runs an N-worker job on this machine and restarts it until it finishes.
+
+    python -m ctl.launch --num_workers=2 -- --config=configs/digits.py --workdir=/tmp/ctl/job
+
+starts N `python -m ctl.main` workers, each with a TF_CONFIG naming free
+localhost ports, and prints their output line by line as `[worker i] ...`.
+When the job stops because it was preempted (exit code 42), a worker failed
+(43) or a worker was killed by a signal, every worker is stopped and all are
+started again; they resume from the latest checkpoint. A failure a restart
+cannot fix (exit code 1 or 2) ends the launch with that code.
+
+SIGTERM or Ctrl-C to the launcher is passed on to the workers as SIGTERM:
+they save a checkpoint at the step they reached and the launcher exits with
+42 without restarting; a second Ctrl-C kills them.
+
+Exit codes: 0 when training finished; otherwise the code that stopped the
+last attempt (42 preempted, 43 a worker failed, 1 or 2 from ctl.main).
+
+The launcher itself only uses 127.0.0.1. TensorFlow's gRPC servers (one per
+worker) listen on all interfaces whatever TF_CONFIG says (TF 2.21 hard-codes
+`[::]:<port>`): on a machine reachable from an untrusted network, firewall
+the ports.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags
+
+from ctl import errors
+
+_NUM_WORKERS = flags.DEFINE_integer('num_workers', 2, 'Workers to start.',
+                                    lower_bound=1)
+_MAX_RESTARTS = flags.DEFINE_integer(
+    'max_restarts', 3, 'Restarts after a preemption or a worker failure.',
+    lower_bound=0)
+_STOP_GRACE_SECS = flags.DEFINE_float(
+    'stop_grace_secs', 30.0,
+    'Once a worker has stopped, seconds the others get to stop by '
+    'themselves before they are killed.')
+
+# Exit codes after which a restart resumes the job.
+_RESTARTABLE = (errors.EXIT_PREEMPTED, errors.EXIT_PEER_FAILED)
+
+
+def main(argv: list[str]) -> None:
+  worker_args = argv[1:]
+  if not worker_args:
+    raise app.UsageError('Pass ctl.main flags after --, e.g. '
+                         '-- --config=configs/digits.py --workdir=/tmp/x')
+  console = _Console()
+  with _Interrupts() as interrupts:
+    attempt = 0
+    while not interrupts.count:
+      attempt += 1
+      codes = _Job(_NUM_WORKERS.value, worker_args, attempt, console,
+                   interrupts).run()
+      code = job_exit_code(codes)
+      if code == 0:
+        console.say(f'attempt {attempt}: training finished')
+        sys.exit(0)
+      if interrupts.count:
+        console.say(f'stopped on request; workers exited with {codes}')
+        sys.exit(code)
+      restartable = code in _RESTARTABLE
+      if not restartable or attempt > _MAX_RESTARTS.value:
+        why = 'a restart cannot fix it' if not restartable else (
+            f'no restarts left (--max_restarts={_MAX_RESTARTS.value})')
+        console.say(f'attempt {attempt}: workers exited with {codes}; '
+                    f'giving up: {why}')
+        sys.exit(code)
+      console.say(f'attempt {attempt}: workers exited with {codes}; '
+                  f'restarting ({attempt} of {_MAX_RESTARTS.value})')
+    sys.exit(errors.EXIT_PREEMPTED)  # Asked to stop between attempts.
+
+
+def job_exit_code(codes: list[int]) -> int:
+  """One code for the job from its workers' exit codes.
+
+  0 if all finished; else a code a restart cannot fix (1, 2...) if any
+  worker gave one; else 43 if any worker failed or died by a signal; else 42
+  (every stopped worker was preempted).
+  """
+  failures = [code for code in codes if code != 0]
+  if not failures:
+    return 0
+  for code in failures:
+    if code > 0 and code not in _RESTARTABLE:
+      return code
+  if all(code == errors.EXIT_PREEMPTED for code in failures):
+    return errors.EXIT_PREEMPTED
+  return errors.EXIT_PEER_FAILED
+
+
+def tf_configs(num_workers: int) -> list[str]:
+  """TF_CONFIG for each worker, on free localhost ports."""
+  workers = [f'localhost:{port}' for port in _free_ports(num_workers)]
+  return [
+      json.dumps({'cluster': {'worker': workers},
+                  'task': {'type': 'worker', 'index': index}})
+      for index in range(num_workers)
+  ]
+
+
+def _free_ports(count: int) -> list[int]:
+  """Ports free on 127.0.0.1 now; held together so that they differ."""
+  sockets = []
+  try:
+    for _ in range(count):
+      sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      sock.bind(('127.0.0.1', 0))
+      sockets.append(sock)
+    return [sock.getsockname()[1] for sock in sockets]
+  finally:
+    for sock in sockets:
+      sock.close()
+
+
+class _Console:
+  """Prints whole lines from several threads."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+
+  def print(self, line: str) -> None:
+    with self._lock:
+      sys.stdout.write(line if line.endswith('\n') else line + '\n')
+      sys.stdout.flush()
+
+  def say(self, message: str) -> None:
+    self.print(f'[launch] {message}')
+
+
+class _Interrupts:
+  """Turns SIGTERM and SIGINT to the launcher into requests to its workers."""
+
+  def __init__(self):
+    self.count = 0
+    self._job = None
+    self._previous = {}
+
+  def __enter__(self) -> '_Interrupts':
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+
+  def watch(self, job: '_Job | None') -> None:
+    """Sends later requests to job's workers (None: to nobody)."""
+    self._job = job
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    self.count += 1
+    if self._job is not None:
+      # SIGTERM lets workers save first; a second Ctrl-C stops them now.
+      second_interrupt = signum == signal.SIGINT and self.count > 1
+      self._job.signal_all(signal.SIGKILL if second_interrupt else
+                           signal.SIGTERM)
+
+
+class _Job:
+  """One attempt: N workers started together, watched until all have exited."""
+
+  def __init__(self, num_workers: int, worker_args: list[str], attempt: int,
+               console: _Console, interrupts: _Interrupts):
+    self._num_workers = num_workers
+    self._worker_args = worker_args
+    self._attempt = attempt
+    self._console = console
+    self._interrupts = interrupts
+    self._processes = []
+
+  def run(self) -> list[int]:
+    """Starts the workers; returns their exit codes (-N: killed by signal N)."""
+    readers = [self._start(index, tf_config) for index, tf_config in
+               enumerate(tf_configs(self._num_workers))]
+    self._console.say(f'attempt {self._attempt}: started workers with pids '
+                      f'{[process.pid for process in self._processes]}')
+    self._interrupts.watch(self)
+    try:
+      codes = self._wait()
+    finally:
+      self._interrupts.watch(None)
+      self.signal_all(signal.SIGKILL)
+      for reader in readers:
+        reader.join()
+    return codes
+
+  def signal_all(self, signum: int) -> None:
+    for process in self._processes:
+      if process.poll() is None:
+        process.send_signal(signum)
+
+  def _start(self, index: int, tf_config: str) -> threading.Thread:
+    env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED='1')
+    process = subprocess.Popen(
+        [sys.executable, '-m', 'ctl.main', *self._worker_args], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)  # Signals reach workers only through us.
+    self._processes.append(process)
+    reader = threading.Thread(target=self._relay,
+                              args=(process.stdout, f'[worker {index}] '),
+                              daemon=True)
+    reader.start()
+    return reader
+
+  def _relay(self, stream, prefix: str) -> None:
+    for line in stream:
+      self._console.print(prefix + line)
+
+  def _wait(self) -> list[int]:
+    """Waits for every worker; kills the rest some time after one fails."""
+    first_failure = None
+    while True:
+      codes = [process.poll() for process in self._processes]
+      if all(code is not None for code in codes):
+        return codes
+      if first_failure is None and any(code for code in codes):
+        first_failure = time.monotonic()
+      if (first_failure is not None and
+          time.monotonic() - first_failure > _STOP_GRACE_SECS.value):
+        self._console.say(f'attempt {self._attempt}: killing workers that '
+                          f'did not stop within {_STOP_GRACE_SECS.value} s')
+        self.signal_all(signal.SIGKILL)
+      time.sleep(0.1)
+
+
+if __name__ == '__main__':
+  app.run(main)

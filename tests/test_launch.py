@@ -1,0 +1,43 @@
+"""The launcher's decisions, and a launch that a restart cannot fix."""
+
+import json
+
+import pytest
+
+from ctl import launch
+import helpers
+
+
+@pytest.mark.parametrize('codes, expected', [
+    ([0, 0], 0),
+    ([42, 42], 42),  # Preempted: restart.
+    ([42, 0], 42),
+    ([43, -9], 43),  # A worker was killed, the other lost it: restart.
+    ([42, 43], 43),
+    ([1, 43], 1),  # A real failure: a restart would fail again.
+    ([2, 2], 2),
+])
+def test_job_exit_code(codes, expected):
+  assert launch.job_exit_code(codes) == expected
+
+
+def test_tf_configs_name_distinct_localhost_ports():
+  configs = [json.loads(config) for config in launch.tf_configs(3)]
+  workers = configs[0]['cluster']['worker']
+  assert len(set(workers)) == 3
+  assert all(worker.startswith('localhost:') for worker in workers)
+  assert [config['task'] for config in configs] == [
+      {'type': 'worker', 'index': index} for index in range(3)]
+  assert all(config['cluster'] == configs[0]['cluster'] for config in configs)
+
+
+def test_a_config_error_is_not_restarted(tmp_path):
+  launcher = helpers.Watched([
+      *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2', '--',
+      f'--config={helpers.DIGITS}', f'--workdir={tmp_path / "w"}',
+      '--config.no_such_key=1'])
+  assert launcher.wait() == 2
+  assert 'workers exited with [2, 2]; giving up: a restart cannot fix it' in (
+      launcher.output)
+  assert launcher.output.count('started workers') == 1
+  assert '[worker 1] ctl: error: Unknown config key' in launcher.output
