@@ -4,7 +4,12 @@
 ConfigDict flows down: each builder takes the section it needs.
 """
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from absl import flags
 import ml_collections
+from ml_collections import config_flags
 
 from ctl import errors
 
@@ -128,6 +133,70 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise errors.ConfigError(
         'Set num_epochs or total_steps: both are 0, so there is nothing to '
         'train.')
+
+
+def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
+                       argv: Sequence[str] | None = None):
+  """Defines --config: a config file, locked, overridable by --config.key=v.
+
+  Overrides are read from argv (sys.argv by default) when it is parsed.
+  """
+  return config_flags.DEFINE_config_file(
+      'config', None, 'Training config file, e.g. configs/digits.py.',
+      flag_values=flag_values, lock_config=True,
+      sys_argv=list(argv) if argv is not None else None)
+
+
+def override_flags(overrides: Mapping[str, Any]) -> list[str]:
+  """['--config.key=value', ...], as ctl.main parses them back."""
+  return [f'--config.{key}={_flag_value(value)}'
+          for key, value in overrides.items()]
+
+
+def _flag_value(value: Any) -> str:
+  return repr(value) if isinstance(value, (tuple, list)) else str(value)
+
+
+def load(config_file: str,
+         overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
+  """Loads a config file with overrides exactly as ctl.main's flags do.
+
+  Raises:
+    ConfigError: naming the file or key that fails, as ctl.main would.
+  """
+  argv = ['ctl', f'--config={config_file}', *override_flags(overrides or {})]
+  flag_values = flags.FlagValues()
+  config_flag = define_config_flag(flag_values, argv)
+  try:
+    flag_values(argv)
+    config = config_flag.value
+    config.keys()  # A config file that failed to load raises when read.
+  except Exception as error:  # pylint: disable=broad-except
+    raise errors.ConfigError(explain_flag_error(error, argv)) from error
+  validate(config)
+  return config
+
+
+def explain_flag_error(error: Exception, argv: Sequence[str]) -> str:
+  """A one-paragraph message for an error raised while parsing --config flags."""
+  if isinstance(error, flags.Error):
+    return str(error)
+  if isinstance(error, (AttributeError, KeyError)):
+    # An override of a key the config does not have: ml_collections wraps a
+    # KeyError, whose text names the last part of the key, in an
+    # AttributeError.
+    text = _innermost_text(error)
+    overrides = [arg for arg in argv if arg.startswith('--config.')]
+    key = text.split("'")[1:2]
+    named = [arg for arg in overrides if key and key[0] in arg] or overrides
+    return f'Unknown config key in {" ".join(named)}: {text}'
+  return f'Cannot load --config: {error}'
+
+
+def _innermost_text(error: BaseException) -> str:
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  return str(error.args[0]) if error.args else str(error)
 
 
 def differences(old: dict, new: dict) -> list[str]:

@@ -35,6 +35,7 @@ from absl import app
 from absl import flags
 
 from ctl import errors
+from ctl import subprocesses
 
 _NUM_WORKERS = flags.DEFINE_integer('num_workers', 2, 'Workers to start.',
                                     lower_bound=1)
@@ -183,8 +184,14 @@ class _Job:
 
   def run(self) -> list[int]:
     """Starts the workers; returns their exit codes (-N: killed by signal N)."""
-    readers = [self._start(index, tf_config) for index, tf_config in
-               enumerate(tf_configs(self._num_workers))]
+    for tf_config in tf_configs(self._num_workers):
+      env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED='1')
+      self._processes.append(subprocesses.start(
+          [sys.executable, '-m', 'ctl.main', *self._worker_args], env=env,
+          stdout=subprocess.PIPE))
+    # Started after every fork, so that no thread runs while one happens.
+    readers = [self._relay(process.stdout, f'[worker {index}] ')
+               for index, process in enumerate(self._processes)]
     self._console.say(f'attempt {self._attempt}: started workers with pids '
                       f'{[process.pid for process in self._processes]}')
     self._interrupts.watch(self)
@@ -202,22 +209,16 @@ class _Job:
       if process.poll() is None:
         process.send_signal(signum)
 
-  def _start(self, index: int, tf_config: str) -> threading.Thread:
-    env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED='1')
-    process = subprocess.Popen(
-        [sys.executable, '-m', 'ctl.main', *self._worker_args], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)  # Signals reach workers only through us.
-    self._processes.append(process)
-    reader = threading.Thread(target=self._relay,
-                              args=(process.stdout, f'[worker {index}] '),
-                              daemon=True)
+  def _relay(self, stream, prefix: str) -> threading.Thread:
+    """Prints a worker's output lines with a prefix, from a thread."""
+
+    def relay():
+      for line in stream:
+        self._console.print(prefix + line)
+
+    reader = threading.Thread(target=relay, daemon=True)
     reader.start()
     return reader
-
-  def _relay(self, stream, prefix: str) -> None:
-    for line in stream:
-      self._console.print(prefix + line)
 
   def _wait(self) -> list[int]:
     """Waits for every worker; kills the rest some time after one fails."""

@@ -15,13 +15,11 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
+from ctl import config as config_lib
 from ctl import errors
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Training config file, e.g. configs/digits.py.',
-    lock_config=True)
+_CONFIG = config_lib.define_config_flag()
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Directory for checkpoints, summaries and results.')
 flags.mark_flags_as_required(['config', 'workdir'])
@@ -68,32 +66,10 @@ def parse_flags(argv: list[str]) -> list[str]:
   """Parses flags; on any flag or config error, says which and exits 2."""
   try:
     remaining = flags.FLAGS(argv)
-    # A config file that failed to load only raises when first read.
-    _CONFIG.value.keys()
-  except flags.Error as error:
-    _exit_usage(str(error))
-  except (AttributeError, KeyError) as error:
-    # An override of a key the config does not have.
-    _exit_usage(f'Unknown config key in {_override_naming(error, argv)}: '
-                f'{_innermost_text(error)}')
-  except (OSError, SyntaxError, ImportError) as error:
-    _exit_usage(f'Cannot load --config: {error}')
+    _CONFIG.value.keys()  # A config file that failed to load raises when read.
+  except Exception as error:  # pylint: disable=broad-except
+    _exit_usage(config_lib.explain_flag_error(error, argv))
   return remaining
-
-
-def _innermost_text(error: BaseException) -> str:
-  """ml_collections wraps a KeyError in an AttributeError: returns its text."""
-  while error.args and isinstance(error.args[0], BaseException):
-    error = error.args[0]
-  return str(error.args[0]) if error.args else str(error)
-
-
-def _override_naming(error: BaseException, argv: list[str]) -> str:
-  """The --config.* arguments that mention the unknown key, or all of them."""
-  overrides = [arg for arg in argv if arg.startswith('--config.')]
-  key = _innermost_text(error).split("'")[1:2]
-  return ' '.join([arg for arg in overrides if key and key[0] in arg] or
-                  overrides)
 
 
 def _exit_usage(message: str) -> None:

@@ -169,3 +169,16 @@ class Watched:
 def fingerprint(output: str) -> list[str]:
   """The final-weights SHA-256 that each worker logged, in order."""
   return re.findall(r'Final weights sha256 (\w+)', output)
+
+
+def processes_mentioning(text: str) -> list[int]:
+  """Pids of live processes whose command line contains text."""
+  found = []
+  for entry in os.listdir('/proc'):
+    try:
+      with open(f'/proc/{entry}/cmdline', 'rb') as file:
+        if text.encode() in file.read():
+          found.append(int(entry))
+    except (OSError, ValueError):
+      continue
+  return found

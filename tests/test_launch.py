@@ -1,6 +1,8 @@
 """The launcher's decisions, and a launch that a restart cannot fix."""
 
 import json
+import signal
+import time
 
 import pytest
 
@@ -41,3 +43,19 @@ def test_a_config_error_is_not_restarted(tmp_path):
       launcher.output)
   assert launcher.output.count('started workers') == 1
   assert '[worker 1] ctl: error: Unknown config key' in launcher.output
+
+
+@pytest.mark.slow
+def test_workers_die_with_a_killed_launcher(tmp_path):
+  workdir = str(tmp_path / 'job')
+  launcher = helpers.Watched([
+      *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2', '--',
+      f'--config={helpers.DIGITS}', f'--workdir={workdir}',
+      '--config.num_epochs=50'])
+  launcher.wait_for(r'\[worker 0\] .*step \d+/')
+  launcher.process.send_signal(signal.SIGKILL)
+  launcher.wait()
+  deadline = time.monotonic() + 10
+  while helpers.processes_mentioning(workdir):
+    assert time.monotonic() < deadline, 'workers outlived their launcher'
+    time.sleep(0.1)

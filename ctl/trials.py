@@ -1,0 +1,152 @@
+"""A sweep's trials: loaded, checked, named and turned into commands.
+
+Nothing here runs a trial; ctl/sweep.py does.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ctl import config as config_lib
+from ctl import errors
+from ctl import hyper
+from ctl import workdir as workdir_lib
+
+_MAX_NAME_CHARS = 80
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+  """One planned trial."""
+
+  name: str
+  overrides: dict[str, Any]
+  workdir: str
+  command: tuple[str, ...]
+
+  @property
+  def finished(self) -> bool:
+    return workdir_lib.read_results(self.workdir) is not None
+
+  def record(self) -> dict:
+    """trial.json: what the runner knows of this trial (exit code, time)."""
+    try:
+      with open(os.path.join(self.workdir, 'trial.json')) as file:
+        return json.load(file)
+    except FileNotFoundError:
+      return {}
+
+
+def load_sweep(sweep_file: str) -> tuple[hyper.Sweep, str]:
+  """Returns the sweep a file defines and its config file's path."""
+  try:
+    spec = importlib.util.spec_from_file_location('ctl_sweep', sweep_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sweep = module.get_sweep()
+  except Exception as error:  # pylint: disable=broad-except
+    raise errors.ConfigError(
+        f'Cannot load the sweep {sweep_file}: {type(error).__name__}: '
+        f'{error}') from error
+  if not isinstance(sweep, hyper.Sweep):
+    raise errors.ConfigError(
+        f'{sweep_file}: get_sweep() returned {type(sweep).__name__}, not a '
+        'ctl.hyper.Sweep.')
+  path, colon, argument = sweep.config.partition(':')
+  path = os.path.join(os.path.dirname(os.path.abspath(sweep_file)), path)
+  return sweep, os.path.normpath(path) + colon + argument
+
+
+def plan(sweep: hyper.Sweep, config_file: str, workdir: str) -> list[Trial]:
+  """Names the trials and checks every override before anything runs.
+
+  Raises:
+    ConfigError: listing each trial whose overrides ctl.main would refuse.
+  """
+  names = trial_names(sweep.trials)
+  problems = []
+  for index, (name, overrides) in enumerate(zip(names, sweep.trials)):
+    try:
+      config = config_lib.load(config_file, overrides)
+    except errors.ConfigError as error:
+      problems.append(f'trial {index} ({name}): {error}')
+      continue
+    known = ['step', 'epoch', 'eval.loss',
+             *(f'eval.{metric}' for metric in config.metrics)]
+    if sweep.metric not in known:
+      problems.append(f'trial {index} ({name}): Sweep.metric '
+                      f'{sweep.metric!r} is not in its results; use one of '
+                      f'{known}')
+  if problems:
+    raise errors.ConfigError(
+        f'{len(problems)} of {len(sweep.trials)} trials cannot run; nothing '
+        'was started:\n  ' + '\n  '.join(problems))
+  return [
+      Trial(name, dict(overrides), os.path.join(workdir, name),
+            _command(sweep, config_file, os.path.join(workdir, name),
+                     overrides))
+      for name, overrides in zip(names, sweep.trials)
+  ]
+
+
+def trial_names(trials: list[Mapping[str, Any]]) -> list[str]:
+  """Short, filesystem-safe, unique names made of the trials' overrides.
+
+  Keys are shortened to their last part where that stays unambiguous;
+  numbers keep 4 significant digits. Names that would still collide, or are
+  too long, get a hash of the exact overrides.
+  """
+  last_part = {key: key.rsplit('.', 1)[-1]
+               for trial in trials for key in trial}
+  uses = collections.Counter(last_part.values())
+  short = {key: part if uses[part] == 1 else key
+           for key, part in last_part.items()}
+  names = []
+  for trial in trials:
+    name = '-'.join(f'{short[key]}={_format(value)}'
+                    for key, value in trial.items()) or 'base'
+    name = re.sub(r'[^A-Za-z0-9._=+-]', '_', name)
+    if len(name) > _MAX_NAME_CHARS:
+      name = f'{name[:_MAX_NAME_CHARS - 9]}-{_digest(trial)}'
+    names.append(name)
+  for index, name in enumerate(names):
+    same = [other for other, other_name in enumerate(names)
+            if other_name == name]
+    if len(same) > 1:
+      digests = {_digest(trials[other]) for other in same}
+      if len(digests) < len(same):
+        raise errors.ConfigError(
+            f'Trials {same} have the same overrides: {dict(trials[index])}')
+      for other in same:
+        names[other] = f'{name}-{_digest(trials[other])}'
+  return names
+
+
+def _format(value: Any) -> str:
+  if isinstance(value, float):
+    return f'{value:.4g}'
+  if isinstance(value, (tuple, list)):
+    return '+'.join(_format(item) for item in value)
+  return str(value)
+
+
+def _digest(overrides: Mapping[str, Any]) -> str:
+  text = json.dumps(overrides, sort_keys=True, default=repr)
+  return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def _command(sweep: hyper.Sweep, config_file: str, workdir: str,
+             overrides: Mapping[str, Any]) -> tuple[str, ...]:
+  ctl_args = (f'--config={config_file}', f'--workdir={workdir}',
+              *config_lib.override_flags(overrides))
+  if sweep.num_workers > 1:
+    return (sys.executable, '-m', 'ctl.launch',
+            f'--num_workers={sweep.num_workers}', '--', *ctl_args)
+  return (sys.executable, '-m', 'ctl.main', *ctl_args)

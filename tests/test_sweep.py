@@ -1,0 +1,248 @@
+"""Sweeps: definitions, trial names, and real runs of `python -m ctl.sweep`."""
+
+import ast
+import csv
+import pathlib
+import signal
+import sys
+import time
+
+import pytest
+
+from ctl import errors
+from ctl import hyper
+from ctl import trials as trials_lib
+import helpers
+
+SHORT = {'num_epochs': 1}  # One epoch of digits: a trial takes seconds.
+
+
+def _write_sweep(directory: pathlib.Path, trials, num_workers=1) -> str:
+  path = directory / 'my_sweep.py'
+  path.write_text(
+      'from ctl import hyper\n\n'
+      'def get_sweep():\n'
+      f'  return hyper.Sweep(config={helpers.DIGITS!r}, trials={trials!r},\n'
+      f'                     metric="eval.accuracy", num_workers={num_workers})\n')
+  return str(path)
+
+
+def _sweep_command(sweep_file, workdir, parallel=1) -> list[str]:
+  return [sys.executable, '-m', 'ctl.sweep', f'--sweep={sweep_file}',
+          f'--workdir={workdir}', f'--parallel={parallel}']
+
+
+def _read_csv(path: pathlib.Path) -> list[dict]:
+  with open(path, newline='') as file:
+    return list(csv.DictReader(file))
+
+
+# Definitions.
+
+
+def test_product_crosses_and_zip_pairs_factors():
+  grid = hyper.product(hyper.sweep('a', [1, 2]), hyper.sweep('b.c', ['x', 'y']),
+                       hyper.fixed({'d': True}))
+  assert grid == [{'a': 1, 'b.c': 'x', 'd': True}, {'a': 1, 'b.c': 'y', 'd': True},
+                  {'a': 2, 'b.c': 'x', 'd': True}, {'a': 2, 'b.c': 'y', 'd': True}]
+  assert hyper.zip(hyper.sweep('a', [1, 2]), hyper.sweep('b', [3, 4])) == [
+      {'a': 1, 'b': 3}, {'a': 2, 'b': 4}]
+  with pytest.raises(ValueError, match='one length'):
+    hyper.zip(hyper.sweep('a', [1, 2]), hyper.sweep('b', [3]))
+  with pytest.raises(ValueError, match=r"\['a'\] set by two factors"):
+    hyper.product(hyper.sweep('a', [1]), hyper.sweep('a', [2]))
+
+
+def test_random_search_is_seeded_and_in_range():
+  space = {'lr': hyper.log_uniform(1e-4, 1e-1), 'dropout': hyper.uniform(0, 0.5),
+           'width': hyper.choice([32, 64])}
+  trials = hyper.random(50, seed=3, distributions=space)
+  assert trials == hyper.random(50, seed=3, distributions=space)
+  assert trials != hyper.random(50, seed=4, distributions=space)
+  assert all(1e-4 <= t['lr'] < 1e-1 and 0 <= t['dropout'] < 0.5 and
+             t['width'] in (32, 64) for t in trials)
+  # Log-uniform: about as many draws below 1e-2.5 as above.
+  below = sum(t['lr'] < 10**-2.5 for t in trials)
+  assert 15 < below < 35
+
+
+def test_trial_names_are_short_safe_and_unique():
+  names = trials_lib.trial_names([
+      {'optimizer.learning_rate': 0.001, 'batch_size': 32},
+      {'optimizer.learning_rate': 0.0123456, 'batch_size': 64},
+      {'metrics': ('accuracy', 'top5_accuracy'), 'data.path': '/a/b c'},
+  ])
+  assert names == ['learning_rate=0.001-batch_size=32',
+                   'learning_rate=0.01235-batch_size=64',
+                   'metrics=accuracy+top5_accuracy-path=_a_b_c']
+  # Keys whose last parts clash keep their full names.
+  assert trials_lib.trial_names([{'model.width': 1, 'data.width': 2}]) == [
+      'model.width=1-data.width=2']
+  # Values equal to 4 digits get a hash of the exact overrides.
+  close = trials_lib.trial_names([{'lr': 0.10001}, {'lr': 0.10002}])
+  assert close[0] != close[1] and all(n.startswith('lr=0.1-') for n in close)
+  long = trials_lib.trial_names([{f'key{i}': i for i in range(30)}])[0]
+  assert len(long) <= 80
+  with pytest.raises(errors.ConfigError, match='same overrides'):
+    trials_lib.trial_names([{'lr': 1.0}, {'lr': 1.0}])
+
+
+def test_a_typo_in_one_trial_fails_the_sweep_before_anything_runs(tmp_path):
+  sweep_file = _write_sweep(tmp_path, [
+      {'optimizer.learning_rate': 0.01}, {'optimizer.learning_rat': 0.1},
+      {'optimizer.learning_rate': 'fast'}])
+  run = helpers.Watched(_sweep_command(sweep_file, tmp_path / 'sweep'))
+  assert run.wait() == errors.EXIT_USAGE
+  assert '2 of 3 trials cannot run; nothing was started' in run.output
+  assert ("trial 1 (learning_rat=0.1): Unknown config key in "
+          "--config.optimizer.learning_rat=0.1") in run.output
+  assert 'trial 2 (learning_rate=fast): flag --config.optimizer.learning_rate'\
+      in run.output
+  assert not (tmp_path / 'sweep').exists()
+
+
+def test_an_unknown_metric_fails_the_sweep_before_anything_runs(tmp_path):
+  sweep_file = tmp_path / 'bad_metric.py'
+  sweep_file.write_text(
+      'from ctl import hyper\n'
+      f'def get_sweep():\n  return hyper.Sweep(config={helpers.DIGITS!r}, '
+      "trials=[{'num_epochs': 1}], metric='eval.acc')\n")
+  run = helpers.Watched(_sweep_command(sweep_file, tmp_path / 'sweep'))
+  assert run.wait() == errors.EXIT_USAGE
+  assert "Sweep.metric 'eval.acc' is not in its results" in run.output
+
+
+@pytest.mark.parametrize(
+    'sweep_file', sorted((helpers.REPO / 'experiments').glob('*.py')),
+    ids=lambda path: path.stem)
+def test_every_shipped_sweep_loads_and_its_trials_check_out(sweep_file,
+                                                            tmp_path):
+  sweep, config_file = trials_lib.load_sweep(str(sweep_file))
+  assert pathlib.Path(config_file).is_file()
+  planned = trials_lib.plan(sweep, config_file, str(tmp_path))
+  assert len(planned) == len(sweep.trials) >= 4
+  docstring = ast.get_docstring(ast.parse(sweep_file.read_text()))
+  assert f'python -m ctl.sweep --sweep=experiments/{sweep_file.name}' in (
+      docstring)
+
+
+# Real sweeps.
+
+
+@pytest.mark.slow
+def test_a_four_trial_sweep_end_to_end(tmp_path):
+  trials = hyper.product(hyper.fixed(SHORT),
+                         hyper.sweep('optimizer.learning_rate', [0.003, 0.01]),
+                         hyper.sweep('batch_size', [32, 64]))
+  workdir = tmp_path / 'sweep'
+  run = helpers.Watched(_sweep_command(_write_sweep(tmp_path, trials), workdir,
+                                       parallel=2))
+  assert run.wait() == 0, run.output[-3000:]
+
+  rows = _read_csv(workdir / 'results.csv')
+  assert len(rows) == 4
+  assert [(float(row['optimizer.learning_rate']), int(row['batch_size']))
+          for row in rows] == [(0.003, 32), (0.003, 64), (0.01, 32), (0.01, 64)]
+  for row in rows:
+    assert row['status'] == 'finished'
+    assert int(row['step']) == 1438 // int(row['batch_size'])
+    assert 0.5 < float(row['eval.accuracy']) <= 1
+    assert float(row['wall_seconds']) > 0
+    assert (pathlib.Path(row['workdir']) / 'results.json').exists()
+  assert len([path for path in workdir.iterdir() if path.is_dir()]) == 4
+  best = max(rows, key=lambda row: float(row['eval.accuracy']))
+  assert f'best: {best["trial"]}' in run.output
+  assert (workdir / 'eval.accuracy.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+  experiment, sessions = _read_hparams(workdir, [row['workdir'] for row in rows])
+  assert [info.name for info in experiment.hparam_infos] == [
+      'num_epochs', 'optimizer.learning_rate', 'batch_size']
+  assert {(info.name.group, info.name.tag) for info in experiment.metric_infos} \
+      >= {('eval', 'accuracy'), ('eval', 'loss')}
+  for row, session in zip(rows, sessions):
+    assert session.group_name == row['trial']
+    assert session.hparams['batch_size'].number_value == int(row['batch_size'])
+    assert session.hparams['optimizer.learning_rate'].number_value == float(
+        row['optimizer.learning_rate'])
+
+
+def _read_hparams(sweep_dir, trial_dirs):
+  """The experiment and each trial's session, read by TensorBoard's reader."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.plugins.hparams import metadata  # pylint: disable=g-import-not-at-top
+
+  def content(directory):
+    accumulator = event_accumulator.EventAccumulator(str(directory))
+    accumulator.Reload()
+    [(_, data)] = accumulator.PluginTagToContent('hparams').items()
+    return data
+
+  experiment = metadata.parse_experiment_plugin_data(content(sweep_dir))
+  sessions = [metadata.parse_session_start_info_plugin_data(content(directory))
+              for directory in trial_dirs]
+  return experiment, sessions
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_skips_finished_trials_and_resumes_the_rest(tmp_path):
+  trials = hyper.product(hyper.fixed({'num_epochs': 2}),
+                         hyper.sweep('optimizer.learning_rate',
+                                     [0.001, 0.002, 0.003, 0.004]))
+  sweep_file, workdir = _write_sweep(tmp_path, trials), tmp_path / 'sweep'
+  first, second = (workdir / name for name in trials_lib.trial_names(trials)[:2])
+  runner = helpers.Watched(_sweep_command(sweep_file, workdir))
+  runner.wait_for(f'{first.name}: finished')
+  deadline = time.monotonic() + 120
+  while not list(second.glob('checkpoints/ckpt-*.index')):
+    assert time.monotonic() < deadline
+    time.sleep(0.05)
+  runner.process.send_signal(signal.SIGKILL)
+  runner.wait()
+  # The running trial died with its runner: nothing trains unwatched.
+  time.sleep(1)
+  assert not helpers.processes_mentioning(str(second))
+  finished_files = _trained_files(first)
+
+  rerun = helpers.Watched(_sweep_command(sweep_file, workdir))
+  assert rerun.wait() == 0, rerun.output[-3000:]
+  assert f'{first.name}: finished before, skipped' in rerun.output
+  assert _trained_files(first) == finished_files
+  assert 'Restored' in (second / 'log.txt').read_text()
+  rows = _read_csv(workdir / 'results.csv')
+  assert [row['status'] for row in rows] == ['finished'] * 4
+
+
+def _trained_files(trial_dir):
+  """What training wrote: all but the HParams session a report may add."""
+  return {name: stamp for name, stamp in helpers.file_stamps(trial_dir).items()
+          if not name.endswith('.hparams')}
+
+
+@pytest.mark.slow
+def test_a_failed_trial_is_reported_and_the_others_go_on(tmp_path):
+  trials = [dict(SHORT, loss='user_modules:nan_loss'), dict(SHORT)]
+  workdir = tmp_path / 'sweep'
+  run = helpers.Watched(_sweep_command(_write_sweep(tmp_path, trials), workdir,
+                                       parallel=2),
+                        env=helpers.env_with())
+  assert run.wait() == errors.EXIT_FAILURE
+  failed, finished = trials_lib.trial_names(trials)
+  log = workdir / failed / 'log.txt'
+  assert f'{failed}: FAILED with exit code 1; log: {log}' in run.output
+  assert 'diverged' in log.read_text()
+  assert [row['status'] for row in _read_csv(workdir / 'results.csv')] == [
+      'exit code 1', 'finished']
+  assert f'best: {finished}' in run.output
+
+
+@pytest.mark.slow
+def test_a_trial_can_be_a_multi_worker_job(tmp_path):
+  workdir = tmp_path / 'sweep'
+  run = helpers.Watched(_sweep_command(
+      _write_sweep(tmp_path, [SHORT], num_workers=2), workdir))
+  assert run.wait() == 0, run.output[-3000:]
+  [name] = trials_lib.trial_names([SHORT])
+  log = (workdir / name / 'log.txt').read_text()
+  assert '-m ctl.launch --num_workers=2 --' in log
+  assert len(helpers.fingerprint(log)) == 2
+  assert _read_csv(workdir / 'results.csv')[0]['status'] == 'finished'
