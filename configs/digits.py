@@ -24,9 +24,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.batch_size = 32
   config.eval_batch_size = 360  # The whole eval split in one step.
   config.num_epochs = 20
-  # An epoch is 44 steps: log at each epoch end, summarise 4 times an epoch.
+  # An epoch is 44 steps: log at each epoch end, summarise 4 times an epoch,
+  # save at each epoch end.
   config.intervals.log_steps = 0
   config.intervals.summary_steps = 11
+  config.intervals.checkpoint_epochs = 1
   if variant == 'smoke':
     config.num_epochs = 2
   elif variant:

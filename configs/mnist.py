@@ -24,4 +24,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.steps_per_epoch = 70
   config.intervals.log_steps = 10
   config.intervals.summary_steps = 10
+  config.intervals.checkpoint_epochs = 1  # As the tutorials do.
   return config

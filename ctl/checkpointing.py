@@ -41,13 +41,25 @@ def training_checkpoint(model: keras.Model,
 
 
 class Checkpointer:
-  """A tf.train.CheckpointManager for the chief and a scratch one for others."""
+  """A tf.train.CheckpointManager for the chief and a scratch one for others.
+
+  With `async_save`, the chief writes files on a background thread: a save
+  then costs training only the copy of the variables (1.8 ms instead of 22
+  ms for a small MLP, 87 ms for the tutorials' CNN, BENCHMARKS.md). Other
+  workers always save synchronously: their scratch copy is deleted at once.
+  Call `wait()` before the process ends.
+  """
 
   def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *,
-               is_chief: bool, task_id: int, max_to_keep: int):
+               is_chief: bool, task_id: int, max_to_keep: int,
+               async_save: bool = False):
     self._checkpoint = checkpoint
     self.directory = directory
     self._last_saved_step = None
+    self._options = None
+    if async_save and is_chief:
+      _fix_keras_async_checkpoint_copy()
+      self._options = tf.train.CheckpointOptions(enable_async=True)
     _check_state_file(directory)
     # Every worker reads the chief's checkpoints; creating a manager writes
     # nothing.
@@ -99,7 +111,8 @@ class Checkpointer:
     """
     if step == self._last_saved_step:
       return
-    path = self._write_manager.save(checkpoint_number=step)
+    path = self._write_manager.save(checkpoint_number=step,
+                                    options=self._options)
     self._last_saved_step = step
     if self._scratch_directory is None:
       logging.info('Saved %s', path)
@@ -107,6 +120,35 @@ class Checkpointer:
       shutil.rmtree(self._scratch_directory, ignore_errors=True)
       logging.info('Took part in saving checkpoint %d (the chief writes it)',
                    step)
+
+
+  def wait(self) -> None:
+    """Returns once every checkpoint saved so far is completely written."""
+    if self._options is not None:
+      self._checkpoint.sync()
+
+
+def _fix_keras_async_checkpoint_copy() -> None:
+  """Lets TensorFlow's async checkpointing copy Keras 3 variables.
+
+  keras.src.backend.tensorflow.core.Variable._copy_trackable_to_cpu creates a
+  new tf.Variable on every save, which the tf.function doing the copy
+  refuses from the second save on ("tf.function only supports singleton
+  tf.Variables created on the first call"; Keras 3.15). The CPU copy that
+  TensorFlow already makes of the wrapped tf.Variable serves as the Keras
+  variable's copy: both save the same tensors. Idempotent.
+  """
+  from keras.src.backend.tensorflow import core as keras_tf_core  # pylint: disable=g-import-not-at-top
+  variable_class = keras_tf_core.Variable
+  if getattr(variable_class._copy_trackable_to_cpu, 'ctl_fixed', False):  # pylint: disable=protected-access
+    return
+
+  def copy_trackable_to_cpu(self, object_map):
+    self.value._copy_trackable_to_cpu(object_map)  # pylint: disable=protected-access
+    object_map[self] = object_map[self.value]
+
+  copy_trackable_to_cpu.ctl_fixed = True
+  variable_class._copy_trackable_to_cpu = copy_trackable_to_cpu  # pylint: disable=protected-access
 
 
 def _check_state_file(directory: str) -> None:

@@ -13,10 +13,12 @@ from ml_collections import config_flags
 
 from ctl import errors
 
-STRATEGIES = ('auto', 'one_device', 'mirrored', 'multi_worker')
+STRATEGIES = ('auto', 'default', 'one_device', 'mirrored', 'multi_worker')
 CLUSTER_RESOLVERS = ('tf_config',)
 COLLECTIVES = ('AUTO', 'RING', 'NCCL')
 SCHEDULES = ('constant', 'cosine', 'linear')
+DTYPE_POLICIES = ('float32', 'mixed_float16', 'mixed_bfloat16')
+ALL_REDUCE_DTYPES = ('float32', 'bfloat16', 'float16')
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -50,6 +52,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.depth = 1  # mlp: number of hidden dense layers.
   config.model.dropout = 0.0  # Dropout rate before the output layer.
   config.model.l2 = 1e-5  # L2 regularisation of every kernel.
+  # Keras dtype policy: 'float32', 'mixed_float16' (with loss scaling) or
+  # 'mixed_bfloat16'. Mixed precision pays on GPUs and TPUs, not on CPUs.
+  config.model.dtype_policy = 'float32'
 
   # Per-example loss: 'sparse_categorical_crossentropy' (on logits) or
   # 'package.module:function' returning per-example losses.
@@ -79,23 +84,32 @@ def base_config() -> ml_collections.ConfigDict:
   config.total_steps = 0
   # Steps run inside one tf.function call; loops also end at every interval.
   config.steps_per_loop = 100
+  # Compile the forward and backward pass with XLA.
+  config.jit_compile = False
 
-  # Periodic work, in steps; 0 turns an interval off. Each epoch end also
-  # logs, writes summaries, evaluates and saves a checkpoint.
+  # Periodic work; 0 turns an interval off. Each epoch end also logs, writes
+  # summaries and evaluates. A checkpoint is also saved at the end of
+  # training and when SIGTERM stops it.
   config.intervals = ml_collections.ConfigDict()
   config.intervals.log_steps = 100
   config.intervals.summary_steps = 100
   config.intervals.eval_steps = 0
-  config.intervals.checkpoint_steps = 1000
-  # Also save when this many seconds passed since the last save (checked
-  # after each loop of steps_per_loop steps); 0 is off. A SIGKILL loses at
-  # most one interval.
+  config.intervals.checkpoint_steps = 0
+  config.intervals.checkpoint_epochs = 0  # 1: at the end of every epoch.
+  # Save when this many seconds passed since the last save (checked after
+  # each loop of steps_per_loop steps). A SIGKILL loses at most one interval
+  # of work; a save costs training about 2 ms plus a background write.
   config.intervals.checkpoint_secs = 600.0
   config.intervals.keep_checkpoints = 3
+  # Write checkpoint files on a background thread (the chief's): training
+  # waits only while the variables are copied. Crash safety is the same.
+  config.intervals.async_checkpoint = True
 
   config.distribution = ml_collections.ConfigDict()
   # 'auto' picks multi_worker when the cluster resolver describes a
-  # cluster, else mirrored when there are several GPUs, else one_device.
+  # cluster, mirrored with several GPUs, one_device with one GPU, and
+  # otherwise 'default' (TensorFlow's default strategy, no distribution
+  # overhead).
   config.distribution.strategy = 'auto'
   # Where the cluster comes from: 'tf_config' reads the TF_CONFIG variable.
   config.distribution.cluster_resolver = 'tf_config'
@@ -106,6 +120,12 @@ def base_config() -> ml_collections.ConfigDict:
   # forever; 0 waits forever. Must exceed the longest checkpoint save and
   # the first step's tracing.
   config.distribution.timeout_seconds = 600.0
+  # Gradients are all-reduced in this dtype: 'float32', or 'bfloat16' /
+  # 'float16' to halve the bytes sent (at some precision).
+  config.distribution.all_reduce_dtype = 'float32'
+  # Gradient packing: all-reduce gradients in packs of about this many
+  # bytes; 0 lets TensorFlow decide.
+  config.distribution.bytes_per_pack = 0
   return config
 
 
@@ -115,12 +135,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'distribution.cluster_resolver', CLUSTER_RESOLVERS)
   _check_choice(config, 'distribution.collective', COLLECTIVES)
   _check_choice(config, 'optimizer.schedule', SCHEDULES)
+  _check_choice(config, 'model.dtype_policy', DTYPE_POLICIES)
+  _check_choice(config, 'distribution.all_reduce_dtype', ALL_REDUCE_DTYPES)
   for key in ('batch_size', 'steps_per_loop', 'intervals.keep_checkpoints'):
     _check(config, key, lambda value: value >= 1, 'must be at least 1')
   for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',
               'total_steps', 'optimizer.warmup_steps', 'intervals.log_steps',
               'intervals.summary_steps', 'intervals.eval_steps',
-              'intervals.checkpoint_steps', 'intervals.checkpoint_secs',
+              'intervals.checkpoint_steps', 'intervals.checkpoint_epochs',
+              'intervals.checkpoint_secs', 'distribution.bytes_per_pack',
               'distribution.timeout_seconds'):
     _check(config, key, lambda value: value >= 0, 'must not be negative')
   _check(config, 'optimizer.learning_rate', lambda value: value > 0,

@@ -68,10 +68,12 @@ def build_strategy(
     return strategy, task
   if kind == 'mirrored':
     strategy = tf.distribute.MirroredStrategy()
-  else:
+  elif kind == 'one_device':
     gpus = tf.config.list_logical_devices('GPU')
     strategy = tf.distribute.OneDeviceStrategy(
         gpus[0].name if gpus else '/cpu:0')
+  else:
+    strategy = tf.distribute.get_strategy()
   return strategy, Task(task_type=None, task_id=0, num_workers=1,
                         is_chief=True)
 
@@ -82,9 +84,12 @@ def _choose_kind(strategy: str, has_cluster: bool) -> str:
     return strategy
   if has_cluster:
     return 'multi_worker'
-  if len(tf.config.list_physical_devices('GPU')) > 1:
+  num_gpus = len(tf.config.list_physical_devices('GPU'))
+  if num_gpus > 1:
     return 'mirrored'
-  return 'one_device'
+  # One GPU: OneDeviceStrategy prefetches batches to it. On a CPU its
+  # wrappers only cost time (46% of a small MLP's steps, BENCHMARKS.md).
+  return 'one_device' if num_gpus == 1 else 'default'
 
 
 def _communication_options(
@@ -93,5 +98,6 @@ def _communication_options(
   implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
                            config.collective)
   return tf.distribute.experimental.CommunicationOptions(
+      bytes_per_pack=config.bytes_per_pack,
       implementation=implementation,
       timeout_seconds=config.timeout_seconds or None)

@@ -61,16 +61,17 @@ class MetricSet:
       metric.update_state(labels, logits, sample_weight=weights)
 
   @tf.function
-  def _read(self) -> dict[str, tf.Tensor]:
+  def _read_and_reset(self) -> dict[str, tf.Tensor]:
+    # One call: each eager op would cost a dispatch on the training thread.
     results = {'loss': self.loss.result()}
     results.update(
         {name: metric.result() for name, metric in self._metrics.items()})
+    with tf.control_dependencies(list(results.values())):
+      for metric in (self.loss, *self._metrics.values()):
+        metric.reset_state()
     return results
 
   def read_and_reset(self) -> dict[str, float]:
     """Returns {name: value} across replicas and workers, then starts over."""
-    results = {name: float(value) for name, value in self._read().items()}
-    self.loss.reset_state()
-    for metric in self._metrics.values():
-      metric.reset_state()
-    return results
+    return {name: float(value)
+            for name, value in self._read_and_reset().items()}

@@ -13,9 +13,18 @@ from ctl import registry
 
 def build_model(config: ml_collections.ConfigDict,
                 input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
-  """Builds the model named by config.name (the `model` config section)."""
+  """Builds the model named by config.name (the `model` config section).
+
+  Its layers get config.dtype_policy (Keras's global policy is set while
+  the builder runs, then restored).
+  """
   builder = registry.resolve(config.name, _BUILDERS, 'model')
-  return builder(config, input_shape=input_shape, num_classes=num_classes)
+  previous = keras.config.dtype_policy()
+  keras.config.set_dtype_policy(config.dtype_policy)
+  try:
+    return builder(config, input_shape=input_shape, num_classes=num_classes)
+  finally:
+    keras.config.set_dtype_policy(previous)
 
 
 def cnn(config: ml_collections.ConfigDict, *, input_shape: tuple[int, ...],

@@ -7,16 +7,20 @@ import tensorflow as tf
 from ctl import registry
 
 
-def build_optimizer(config: ml_collections.ConfigDict,
-                    total_steps: int) -> keras.optimizers.Optimizer:
+def build_optimizer(config: ml_collections.ConfigDict, total_steps: int,
+                    loss_scaling: bool = False) -> keras.optimizers.Optimizer:
   """Builds the optimizer named by config.name (the `optimizer` section).
 
   A user's own is `package.module:function(config, learning_rate)`, the
-  learning rate being a float or a Keras schedule.
+  learning rate being a float or a Keras schedule. With loss_scaling (for
+  float16 models) it is wrapped in a keras.optimizers.LossScaleOptimizer.
   """
   learning_rate = build_schedule(config, total_steps)
   builder = registry.resolve(config.name, _OPTIMIZERS, 'optimizer')
-  return builder(config, learning_rate)
+  optimizer = builder(config, learning_rate)
+  if loss_scaling:
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  return optimizer
 
 
 def build_schedule(

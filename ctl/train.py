@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import hashlib
 import math
+import os
 import time
 
 from absl import logging
@@ -89,7 +90,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     CtlError: the data, the workdir or a checkpoint is unusable, or the loss
       diverged; no checkpoint or result was overwritten.
   """
-  started = time.monotonic()
+  started = process_start_time()
   config_lib.validate(config)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
@@ -128,8 +129,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
   with strategy.scope():
     model = models.build_model(config.model, data.input_shape,
                                data.num_classes)
-    optimizer = optimizers.build_optimizer(config.optimizer,
-                                           length.total_steps)
+    optimizer = optimizers.build_optimizer(
+        config.optimizer, length.total_steps,
+        loss_scaling=config.model.dtype_policy == 'mixed_float16')
     # Builds the optimizer's slots now: lazily built slots fail with several
     # replicas, and a restore must find them to match the checkpoint.
     optimizer.build(model.trainable_variables)
@@ -139,7 +141,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
   checkpointer = checkpointing.Checkpointer(
       checkpointing.training_checkpoint(model, optimizer, state),
       workdir_lib.checkpoint_dir(workdir), is_chief=task.is_chief,
-      task_id=task.task_id, max_to_keep=config.intervals.keep_checkpoints)
+      task_id=task.task_id, max_to_keep=config.intervals.keep_checkpoints,
+      async_save=config.intervals.async_checkpoint)
   if task.is_chief:
     workdir_lib.prepare(workdir)
     workdir_lib.save_config(workdir, config)
@@ -160,37 +163,49 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
 
   steps = steps_lib.Steps(
       strategy=strategy, model=model, optimizer=optimizer,
+      train_data=input_pipeline.InMemory(data.train, data.feature_scale),
       loss_fn=metrics_lib.build_loss(config.loss),
       train_metrics=train_metrics, eval_metrics=eval_metrics, state=state,
       global_batch_size=length.global_batch_size,
-      steps_per_epoch=length.steps_per_epoch)
-  evaluator = _Evaluator(
-      strategy, steps, eval_metrics, data, length,
-      summaries.make_writer(workdir_lib.summary_dir(workdir, 'eval'),
-                            task.is_chief))
-  eval_results = None
-  if step < length.total_steps:
-    loop = _TrainLoop(
-        config=config, length=length, steps=steps, optimizer=optimizer,
-        train_metrics=train_metrics, evaluator=evaluator,
-        checkpointer=checkpointer, stop_signal=stop_signal,
-        writer=summaries.make_writer(
-            workdir_lib.summary_dir(workdir, 'train'), task.is_chief),
-        started=started)
-    train_iterator = iter(strategy.distribute_datasets_from_function(
-        lambda context: input_pipeline.train_dataset(
-            data.train, feature_scale=data.feature_scale, seed=config.seed,
-            global_batch_size=length.global_batch_size,
-            steps_per_epoch=length.steps_per_epoch, start_step=step,
-            total_steps=length.total_steps, context=context)))
-    eval_results = loop.run(train_iterator, step)
-  if eval_results is None:  # Finished earlier, stopped before its results.
-    eval_results = evaluator.evaluate(int(state.step.numpy()))
+      steps_per_epoch=length.steps_per_epoch, jit_compile=config.jit_compile,
+      all_reduce_dtype=config.distribution.all_reduce_dtype)
+  train_writer = summaries.make_writer(
+      workdir_lib.summary_dir(workdir, 'train'), task.is_chief)
+  eval_writer = summaries.make_writer(
+      workdir_lib.summary_dir(workdir, 'eval'), task.is_chief)
+  try:
+    evaluator = _Evaluator(strategy, steps, eval_metrics, data, length,
+                           eval_writer)
+    eval_results, timing = None, {}
+    if step < length.total_steps:
+      loop = _TrainLoop(
+          config=config, length=length, steps=steps,
+          train_metrics=train_metrics, evaluator=evaluator,
+          checkpointer=checkpointer, stop_signal=stop_signal,
+          writer=train_writer, started=started)
+      loops = loop.plan(step)
+      train_iterator = iter(strategy.distribute_datasets_from_function(
+          lambda context: input_pipeline.train_chunks(
+              len(data.train), seed=config.seed,
+              global_batch_size=length.global_batch_size,
+              steps_per_epoch=length.steps_per_epoch, loops=loops,
+              context=context)))
+      eval_results = loop.run(train_iterator, loops)
+      timing = loop.timing()
+    if eval_results is None:  # Finished earlier, stopped before its results.
+      eval_results = evaluator.evaluate(int(state.step.numpy()))
+  finally:
+    # Whatever happened, what was written so far is whole on disk.
+    train_writer.close()
+    eval_writer.close()
+    checkpointer.wait()
 
   results = {
       **state.as_dict(),
       'eval': eval_results,
       'weights_sha256': weights_fingerprint(model),
+      # Of this process only: a resumed run's earlier processes are not in it.
+      'timing': timing,
   }
   # Every worker logs the fingerprint so that a multi-worker job can be
   # checked for replicas that drifted apart.
@@ -231,7 +246,6 @@ class _Evaluator:
     self._steps.eval_loop(self._iterator, self._num_steps)
     results = self._metrics.read_and_reset()
     self._writer.write_scalars(step, results)
-    self._writer.flush()
     logging.info('eval at step %d: %s', step, _format(results))
     return results
 
@@ -239,18 +253,19 @@ class _Evaluator:
 class _TrainLoop:
   """The Python loop around train_loop: when to log, evaluate, save and stop."""
 
-  def __init__(self, *, config, length, steps, optimizer, train_metrics,
-               evaluator, checkpointer, stop_signal, writer, started):
+  def __init__(self, *, config, length, steps, train_metrics, evaluator,
+               checkpointer, stop_signal, writer, started):
     intervals = config.intervals
     self._log = periodic.Periodic(intervals.log_steps)
     self._summary = periodic.Periodic(intervals.summary_steps)
     self._eval = periodic.Periodic(intervals.eval_steps)
     self._checkpoint = periodic.Periodic(intervals.checkpoint_steps,
                                          intervals.checkpoint_secs)
+    self._checkpoint_epochs = periodic.Periodic(
+        length.steps_per_epoch * intervals.checkpoint_epochs)
     self._steps_per_loop = config.steps_per_loop
     self._length = length
     self._steps = steps
-    self._optimizer = optimizer
     self._train_metrics = train_metrics
     self._evaluator = evaluator
     self._checkpointer = checkpointer
@@ -258,9 +273,29 @@ class _TrainLoop:
     self._writer = writer
     self._started = started
     self._speed = _SpeedMeter()
+    self.first_step_seconds = None
 
-  def run(self, iterator, step: int) -> dict[str, float] | None:
-    """Trains from step to the end; returns the last evaluation's results.
+  def timing(self) -> dict[str, float | None]:
+    """How fast this process trained: start-up and steady speed."""
+    return {'first_step_seconds': self.first_step_seconds,
+            'steps_per_second': self._speed.steady_steps_per_second()}
+
+  def plan(self, step: int) -> list[tuple[int, int]]:
+    """The (first step, end step) of each loop from `step` to the end.
+
+    A loop ends at every epoch end and every step interval, after at most
+    steps_per_loop steps. The first is one step: it traces the functions,
+    and its end times the start-up exactly.
+    """
+    loops = [(step, step + 1)]
+    while loops[-1][1] < self._length.total_steps:
+      start = loops[-1][1]
+      loops.append((start, start + self._steps_to_next_stop(start)))
+    return loops
+
+  def run(self, iterator, loops: list[tuple[int, int]]
+          ) -> dict[str, float] | None:
+    """Runs the planned loops; returns the last evaluation's results.
 
     Raises:
       Preempted: after saving, when some worker received SIGTERM.
@@ -268,36 +303,40 @@ class _TrainLoop:
     eval_results = None
     total_steps = self._length.total_steps
     logging.info('Training from step %d to %d (epoch %d of %d, %d steps each)',
-                 step, total_steps, step // self._length.steps_per_epoch + 1,
+                 loops[0][0], total_steps,
+                 loops[0][0] // self._length.steps_per_epoch + 1,
                  self._length.num_epochs, self._length.steps_per_epoch)
-    while step < total_steps:
-      num_steps = self._steps_to_next_stop(step)
+    for previous_step, step in loops:
+      num_steps = step - previous_step
       requests = tf.constant(
           [self._stop_signal.requested, self._checkpoint.due_by_time()],
           tf.int32)
       self._speed.start()
-      loss, agreed = self._steps.train_loop(iterator, tf.constant(num_steps),
-                                            requests)
-      loss = float(loss)
-      stop, save_now = (agreed.numpy() > 0).tolist()
+      outputs = self._steps.train_loop(iterator, tf.constant(num_steps),
+                                       requests)
+      loss = float(outputs['loss'])
+      stop, save_now = (outputs['requests'].numpy() > 0).tolist()
       if self._speed.stop(num_steps):
-        logging.info('First %d step(s), tracing included, done %.1f s after '
-                     'start', num_steps, time.monotonic() - self._started)
-      previous_step, step = step, step + num_steps
+        self.first_step_seconds = _seconds_since(self._started)
+        logging.info('First step done %.1f s after the process started',
+                     self.first_step_seconds)
       if not math.isfinite(loss):
+        where = (f'at step {step}' if num_steps == 1 else
+                 f'in steps {previous_step + 1}..{step}')
         raise errors.CtlError(
-            f'The training loss is {loss} after step {step}: it '
-            f'diverged in steps {previous_step + 1}..{step}. Nothing was '
-            f'saved after step {previous_step}. Lower the learning rate, or '
-            'run with --config.steps_per_loop=1 to find the exact step.')
+            f'The training loss is {loss} after step {step}: it diverged '
+            f'{where}. Nothing was saved after step {previous_step}. Lower the '
+            'learning rate, or run with --config.steps_per_loop=1 to find the '
+            'exact step.')
       end_of_epoch = (step % self._length.steps_per_epoch == 0 or
                       step == total_steps)
       if end_of_epoch or self._log.due_at(step) or self._summary.due_at(step):
-        self._report(step, write_summary=end_of_epoch or
-                     self._summary.due_at(step))
+        self._report(step, float(outputs['learning_rate']),
+                     write_summary=end_of_epoch or self._summary.due_at(step))
       if end_of_epoch or self._eval.due_at(step):
         eval_results = self._evaluator.evaluate(step)
-      if end_of_epoch or save_now or stop or self._checkpoint.due_at(step):
+      if (save_now or stop or step == total_steps or
+          self._checkpoint.due_at(step) or self._checkpoint_epochs.due_at(step)):
         self._checkpointer.save(step)
         self._checkpoint.done()
       if stop and step < total_steps:
@@ -313,14 +352,16 @@ class _TrainLoop:
                        step % self._length.steps_per_epoch)
     stops = [self._steps_per_loop, self._length.total_steps - step,
              until_epoch_end]
-    for action in (self._log, self._summary, self._eval, self._checkpoint):
+    for action in (self._log, self._summary, self._eval, self._checkpoint,
+                   self._checkpoint_epochs):
       stops.append(action.steps_until_due(step) or stops[0])
     return min(stops)
 
-  def _report(self, step: int, write_summary: bool) -> None:
+  def _report(self, step: int, learning_rate: float,
+              write_summary: bool) -> None:
     """Reads the train metrics (on every worker), then logs and summarises."""
     scalars = self._train_metrics.read_and_reset()
-    scalars['learning_rate'] = float(self._optimizer.learning_rate)
+    scalars['learning_rate'] = learning_rate
     steps_per_second = self._speed.steps_per_second()
     if steps_per_second:
       scalars['steps_per_second'] = steps_per_second
@@ -328,7 +369,6 @@ class _TrainLoop:
           steps_per_second * self._length.global_batch_size)
     if write_summary:
       self._writer.write_scalars(step, scalars)
-      self._writer.flush()
     # Counted from 1: "epoch 1, step 22 of 22" is the end of the first epoch.
     epoch = -(-step // self._length.steps_per_epoch)
     step_in_epoch = step - (epoch - 1) * self._length.steps_per_epoch
@@ -341,16 +381,18 @@ class _TrainLoop:
 
 
 class _SpeedMeter:
-  """Times train loops, leaving out the first (it traces the functions)."""
+  """Times train loops; the first (it traces the functions) is left out."""
 
   def __init__(self, clock=time.monotonic):
     self._clock = clock
-    self._loops = 0
     self._loop_started = 0.0
     self._steps = 0  # Since the last steps_per_second().
     self._seconds = 0.0
-    self._steady_since = None  # (time, steps done) after the first loop.
-    self._steady_steps = 0
+    self._loop_ends = []  # (steps trained, time) after each loop.
+
+  @property
+  def started(self) -> bool:
+    return bool(self._loop_ends)
 
   def start(self) -> None:
     self._loop_started = self._clock()
@@ -358,14 +400,13 @@ class _SpeedMeter:
   def stop(self, num_steps: int) -> bool:
     """Records a loop of num_steps steps; returns whether it was the first."""
     now = self._clock()
-    self._loops += 1
-    if self._loops == 1:
-      self._steady_since = now
-      return True
-    self._steps += num_steps
-    self._seconds += now - self._loop_started
-    self._steady_steps += num_steps
-    return False
+    first = not self._loop_ends
+    trained = num_steps + (self._loop_ends[-1][0] if self._loop_ends else 0)
+    self._loop_ends.append((trained, now))
+    if not first:
+      self._steps += num_steps
+      self._seconds += now - self._loop_started
+    return first
 
   def steps_per_second(self) -> float | None:
     """Training speed since the last call, inside train loops only."""
@@ -373,12 +414,46 @@ class _SpeedMeter:
     self._steps, self._seconds = 0, 0.0
     return speed
 
+  def steady_steps_per_second(self) -> float | None:
+    """Speed over the second half of the steps trained, periodic work included.
+
+    By then every function has been traced once (the first report, eval and
+    save each trace one); a long run is dominated by this speed.
+    """
+    if len(self._loop_ends) < 2:
+      return None
+    trained, now = self._loop_ends[-1]
+    half = next(end for end in self._loop_ends if end[0] >= trained / 2)
+    if half[0] == trained:
+      half = self._loop_ends[-2]
+    return (trained - half[0]) / (now - half[1])
+
   def eta_seconds(self, step: int, total_steps: int) -> float | None:
     """Time left at the pace since the first loop, evaluations included."""
-    if not self._steady_steps:
+    if len(self._loop_ends) < 2:
       return None
-    pace = (self._clock() - self._steady_since) / self._steady_steps
+    (first_steps, first_time), (steps, now) = (self._loop_ends[0],
+                                               self._loop_ends[-1])
+    pace = (self._clock() - first_time) / (steps - first_steps)
     return pace * (total_steps - step)
+
+
+def process_start_time() -> float:
+  """time.monotonic() when this process started (Linux), else now."""
+  try:
+    with open('/proc/self/stat') as file:
+      # Field 22, after the parenthesised command name, in clock ticks.
+      start_ticks = int(file.read().rsplit(')', 1)[1].split()[19])
+    with open('/proc/uptime') as file:
+      uptime = float(file.read().split()[0])
+    age = uptime - start_ticks / os.sysconf('SC_CLK_TCK')
+    return time.monotonic() - age
+  except (OSError, ValueError, IndexError):
+    return time.monotonic()
+
+
+def _seconds_since(start: float) -> float:
+  return time.monotonic() - start
 
 
 def _check_resumable(state: steps_lib.TrainState,

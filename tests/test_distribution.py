@@ -23,12 +23,18 @@ def test_is_chief(cluster, task_type, task_id, expected):
                                tf.train.ClusterSpec(cluster)) is expected
 
 
-def test_one_process_without_tf_config_uses_one_device(monkeypatch):
+@pytest.mark.parametrize('kind, strategy_type', [
+    ('auto', type(tf.distribute.get_strategy())),  # This machine has no GPU.
+    ('default', type(tf.distribute.get_strategy())),
+    ('one_device', tf.distribute.OneDeviceStrategy),
+])
+def test_one_process_without_tf_config(monkeypatch, kind, strategy_type):
   monkeypatch.delenv('TF_CONFIG', raising=False)
   from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
-  strategy, task = distribution.build_strategy(
-      config_lib.base_config().distribution)
-  assert isinstance(strategy, tf.distribute.OneDeviceStrategy)
+  config = config_lib.base_config().distribution
+  config.strategy = kind
+  strategy, task = distribution.build_strategy(config)
+  assert type(strategy) is strategy_type  # pylint: disable=unidiomatic-typecheck
   assert task == distribution.Task(None, 0, 1, True)
 
 

@@ -19,24 +19,43 @@ def _context(pipelines=1, pipeline_id=0, replicas=1):
                                     num_replicas_in_sync=replicas)
 
 
+def _loops(start_step, total_steps, steps_per_epoch, loop_length=3):
+  """Loops of loop_length steps, also ending at each epoch end."""
+  loops, step = [], start_step
+  while step < total_steps:
+    end = min(step + loop_length, total_steps,
+              (step // steps_per_epoch + 1) * steps_per_epoch)
+    loops.append((step, end))
+    step = end
+  return loops
+
+
 def _train_rows(start_step=0, total_steps=12, seed=0, steps_per_epoch=5,
-                global_batch_size=8, context=None):
-  dataset = input_pipeline.train_dataset(
-      SPLIT, feature_scale=1.0, seed=seed,
-      global_batch_size=global_batch_size, steps_per_epoch=steps_per_epoch,
-      start_step=start_step, total_steps=total_steps,
+                global_batch_size=8, context=None, loop_length=3):
+  """The example indices of each step, in order (one array per step)."""
+  loops = _loops(start_step, total_steps, steps_per_epoch, loop_length)
+  dataset = input_pipeline.train_chunks(
+      NUM_EXAMPLES, seed=seed, global_batch_size=global_batch_size,
+      steps_per_epoch=steps_per_epoch, loops=loops,
       context=context or _context())
-  batches = [(features[:, 0].numpy().astype(int), labels.numpy())
-             for features, labels in dataset]
-  for features, labels in batches:
-    np.testing.assert_array_equal(features, labels)
-  return [labels for _, labels in batches]
+  chunks = [chunk.numpy() for chunk in dataset]
+  assert [len(chunk) for chunk in chunks] == [end - start
+                                              for start, end in loops]
+  return [rows for chunk in chunks for rows in chunk]
 
 
 def test_covers_exactly_the_training_steps():
   batches = _train_rows(total_steps=12)
   assert len(batches) == 12
-  assert all(batch.shape == (8,) for batch in batches)
+  assert all(batch.shape == (8,) and batch.dtype == np.int32
+             for batch in batches)
+
+
+def test_loop_lengths_do_not_change_the_batches():
+  for loop_length in (1, 2, 7):
+    for expected, got in zip(_train_rows(),
+                             _train_rows(loop_length=loop_length)):
+      np.testing.assert_array_equal(expected, got)
 
 
 def test_resuming_at_a_step_gives_the_same_batches_from_that_step():
@@ -73,20 +92,24 @@ def test_seed_and_epoch_change_the_order():
 
 @pytest.mark.parametrize('pipelines, replicas', [(2, 2), (1, 2), (2, 4)])
 def test_replicas_split_the_same_global_batches(pipelines, replicas):
+  loops = _loops(3, 12, 5)
   global_batches = _train_rows(start_step=3)
-  per_pipeline = [
-      _train_rows(start_step=3,
-                  context=_context(pipelines, pipeline_id, replicas))
-      for pipeline_id in range(pipelines)
-  ]
+  # Each pipeline yields, per loop, one element per local replica.
   local_replicas = replicas // pipelines
-  for step, expected in enumerate(global_batches):
-    # Each pipeline yields one element per local replica per step, in order.
-    got = np.concatenate([
-        rows[step * local_replicas + replica]
-        for rows in per_pipeline for replica in range(local_replicas)
-    ])
-    np.testing.assert_array_equal(expected, got)
+  per_pipeline = [
+      [chunk.numpy() for chunk in input_pipeline.train_chunks(
+          NUM_EXAMPLES, seed=0, global_batch_size=8, steps_per_epoch=5,
+          loops=loops, context=_context(pipelines, pipeline_id, replicas))]
+      for pipeline_id in range(pipelines)]
+  step = 0
+  for loop, (start, end) in enumerate(loops):
+    for in_loop in range(end - start):
+      got = np.concatenate([
+          chunks[loop * local_replicas + replica][in_loop]
+          for chunks in per_pipeline for replica in range(local_replicas)])
+      np.testing.assert_array_equal(global_batches[step], got)
+      step += 1
+  assert step == len(global_batches)
 
 
 @pytest.mark.parametrize('pipelines', [1, 2])
@@ -104,10 +127,10 @@ def test_eval_covers_each_example_once_with_padding_weighted_zero(pipelines):
   np.testing.assert_array_equal(counts, np.ones(NUM_EXAMPLES))
 
 
-def test_features_are_scaled_to_float32():
-  split = datasets.Split(np.full((4, 2), 255, np.uint8), np.zeros(4, np.int32))
-  features, _ = next(iter(input_pipeline.train_dataset(
-      split, feature_scale=1 / 255, seed=0, global_batch_size=2,
-      steps_per_epoch=2, start_step=0, total_steps=2, context=_context())))
+def test_in_memory_batches_are_scaled_to_float32():
+  split = datasets.Split(np.full((4, 2), 255, np.uint8), np.arange(4))
+  features, labels = input_pipeline.InMemory(split, 1 / 255).batch(
+      tf.constant([3, 1]))
   assert features.dtype == tf.float32
   np.testing.assert_allclose(features.numpy(), 1.0)
+  np.testing.assert_array_equal(labels.numpy(), [3, 1])

@@ -1,0 +1,420 @@
+"""Speed, measured side by side in one run: `python -m ctl.bench`.
+
+For each workload it measures, interleaved, --repetitions times each:
+  (a) ctl's trainer with its default settings and its best ones;
+  (b) a minimal hand-written loop (tf.range loop over a tf.data pipeline);
+  (c) a compute-only loop: the same step on one batch in memory;
+  (d) Keras 3 Model.fit with each steps_per_execution, the best kept;
+  (e) with 2 workers, ctl against the code of TensorFlow's multi-worker
+      custom-training-loop tutorial (ctl/bench_tutorial.py);
+then checkpoint costs and the time from start to the first training step
+against a bare script. It prints min/median/max and the ratios of medians
+against the targets, and with --markdown rewrites that file's generated
+section. --levers measures each speed option of ctl against its default.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+from absl import app
+from absl import flags
+
+_REPETITIONS = flags.DEFINE_integer('repetitions', 3,
+                                    'Measurements of each contender.',
+                                    lower_bound=1)
+_SECTIONS = flags.DEFINE_list(
+    'sections', ['mlp', 'cnn', 'two_workers', 'checkpoints', 'startup'],
+    'What to measure: mlp, cnn, two_workers, checkpoints, startup, levers.')
+_MARKDOWN = flags.DEFINE_string(
+    'markdown', None, 'Write the results into this file (BENCHMARKS.md), '
+    'between its "<!-- bench:begin -->" and "<!-- bench:end -->" lines.')
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# ctl's best settings per workload: the levers that helped (see --levers).
+BEST = {
+    'mlp': {'steps_per_loop': 1000, 'intervals.log_steps': 1000,
+            'intervals.summary_steps': 1000},
+    'cnn': {'steps_per_loop': 1000, 'intervals.log_steps': 1000,
+            'intervals.summary_steps': 1000},
+}
+
+
+@dataclasses.dataclass
+class Measured:
+  """Steps per second of one contender, one value per repetition."""
+
+  name: str
+  global_batch_size: int
+  values: list[float] = dataclasses.field(default_factory=list)
+
+  @property
+  def median(self) -> float:
+    return statistics.median(self.values)
+
+  def row(self) -> str:
+    return (f'| {self.name} | {min(self.values):,.0f} | {self.median:,.0f} | '
+            f'{max(self.values):,.0f} | '
+            f'{self.median * self.global_batch_size:,.0f} |')
+
+
+@dataclasses.dataclass
+class Target:
+  what: str
+  value: float
+  at_least: float
+  unit: str = 'x'
+
+  def row(self) -> str:
+    met = self.value >= self.at_least
+    return (f'| {self.what} | {self.value:.3g}{self.unit} | '
+            f'{self.at_least:g}{self.unit} | {"met" if met else "NOT met"} |')
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  started = time.monotonic()
+  report = [f'Measured {datetime.date.today()} on {_machine()}; '
+            f'{_REPETITIONS.value} repetitions each, interleaved.', '']
+  targets = []
+  for section in _SECTIONS.value:
+    text, section_targets = _SECTION_FUNCTIONS[section]()
+    report += [text, '']
+    targets += section_targets
+  if targets:
+    report += ['### Targets', '', '| ratio of medians | measured | target | |',
+               '| --- | --- | --- | --- |', *(t.row() for t in targets), '']
+  report.append(f'The whole run took {time.monotonic() - started:.0f} s.')
+  text = '\n'.join(report)
+  print(text)
+  if _MARKDOWN.value:
+    _write_markdown(pathlib.Path(_MARKDOWN.value), text)
+
+
+def _interleaved(contenders: dict[str, tuple[Callable[[], float], int]]
+                 ) -> dict[str, Measured]:
+  """Measures each contender once per repetition, in turn."""
+  measured = {name: Measured(name, batch) for name, (_, batch) in
+              contenders.items()}
+  for repetition in range(_REPETITIONS.value):
+    for name, (measure, _) in contenders.items():
+      measured[name].values.append(measure())
+      print(f'[bench] {repetition + 1}/{_REPETITIONS.value} {name}: '
+            f'{measured[name].values[-1]:,.0f} steps/s', flush=True)
+  return measured
+
+
+def _table(title: str, measured: list[Measured]) -> str:
+  return '\n'.join([
+      f'### {title}', '',
+      '| contender | steps/s min | median | max | examples/s (median) |',
+      '| --- | --- | --- | --- | --- |', *(m.row() for m in measured)])
+
+
+def _single_process(workload_name: str) -> tuple[str, list[Target]]:
+  """(a) to (d) on one workload, in this process."""
+  from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
+  workload = bw.WORKLOADS[workload_name]
+  batch = workload.batch_size
+  contenders = {
+      '(a) ctl, default settings': (bw.ctl_speed(workload), batch),
+      '(a) ctl, best settings': (bw.ctl_speed(workload, **BEST[workload_name]),
+                                 batch),
+      '(b) hand-written loop': (bw.hand_loop_speed(workload), batch),
+      '(c) compute only': (bw.compute_only_speed(workload), batch),
+  }
+  for steps_per_execution in (1, 10, 100):
+    contenders[f'(d) Keras fit, steps_per_execution={steps_per_execution}'] = (
+        bw.keras_fit_speed(workload, steps_per_execution), batch)
+  measured = _interleaved(contenders)
+  fits = [m for name, m in measured.items() if name.startswith('(d)')]
+  best_fit = max(fits, key=lambda m: m.median)
+  ctl_default = measured['(a) ctl, default settings'].median
+  hand = measured['(b) hand-written loop'].median
+  compute = measured['(c) compute only'].median
+  name = workload_name.upper()
+  targets = [
+      Target(f'{name}: ctl default / hand-written loop', ctl_default / hand,
+             0.97),
+      Target(f'{name}: ctl default / Keras fit ({best_fit.name[20:]})',
+             ctl_default / best_fit.median, 2.5 if workload_name == 'mlp'
+             else 1.3)]
+  if workload_name == 'cnn':
+    targets.append(Target(f'{name}: ctl default / compute only',
+                          ctl_default / compute, 0.95))
+  return _table(f'{name}: {workload.description}', list(measured.values())), (
+      targets)
+
+
+def _two_workers() -> tuple[str, list[Target]]:
+  """(e) ctl and the tutorial's code, each as 2 worker processes."""
+  contenders = {'(a) ctl, default settings (configs/mnist.py)':
+                    (_two_worker_ctl, 128),
+                '(e) the tutorial\'s code': (_two_worker_tutorial, 128)}
+  measured = _interleaved(contenders)
+  ctl, tutorial = (m.median for m in measured.values())
+  return _table('2 workers on localhost: the tutorials\' CNN, 64 examples '
+                'per worker, 3 epochs of 70 steps', list(measured.values())), [
+                    Target('2 workers: ctl / tutorial code', ctl / tutorial,
+                           2.0)]
+
+
+def _two_worker_ctl(**overrides) -> float:
+  with tempfile.TemporaryDirectory() as workdir:
+    args = [f'--config={_REPO / "configs" / "mnist.py"}',
+            f'--workdir={workdir}',
+            '--config.data.name=ctl.bench_workloads:cnn_data',
+            '--config.batch_size=128', '--config.eval_batch_size=1000',
+            *(f'--config.{key}={value}' for key, value in overrides.items())]
+    _run_workers([sys.executable, '-m', 'ctl.main', *args])
+    results = json.loads((pathlib.Path(workdir) / 'results.json').read_text())
+  return results['timing']['steps_per_second']
+
+
+def _two_worker_tutorial() -> float:
+  with tempfile.TemporaryDirectory() as workdir:
+    outputs = _run_workers([sys.executable, '-m', 'ctl.bench_tutorial',
+                            os.path.join(workdir, 'ckpt')])
+  return json.loads(re.search(r'^BENCH (.*)$', outputs[0], re.M).group(1))[
+      'steps_per_second']
+
+
+def _run_workers(command: list[str], num_workers: int = 2) -> list[str]:
+  """Runs command as a localhost cluster; returns each worker's output."""
+  from ctl import launch  # pylint: disable=g-import-not-at-top
+  processes = [
+      subprocess.Popen(command, env=dict(os.environ, TF_CONFIG=tf_config),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, cwd=_REPO)
+      for tf_config in launch.tf_configs(num_workers)]
+  outputs = [process.communicate()[0] for process in processes]
+  for process, output in zip(processes, outputs):
+    if process.returncode:
+      raise RuntimeError(f'{command} failed:\n{output[-3000:]}')
+  return outputs
+
+
+def _checkpoints() -> tuple[str, list[Target]]:
+  """What a save costs training, async and not, on both models."""
+  from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
+  from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
+  lines = ['### Checkpoint saves', '',
+           '| model | save | training thread blocked, median | background '
+           'write, median |', '| --- | --- | --- | --- |']
+  worst_share = 0.0
+  default_interval = config_lib.base_config().intervals.checkpoint_secs
+  for name, workload in bw.WORKLOADS.items():
+    for async_save in (False, True):
+      blocked, written = _save_times(workload, async_save)
+      lines.append(f'| {name} | {"async" if async_save else "sync"} | '
+                   f'{blocked * 1000:.1f} ms | {written * 1000:.1f} ms |')
+      if async_save:
+        # Counting the background write as lost training time too.
+        worst_share = max(worst_share, (blocked + written) / default_interval)
+  lines += ['', f'At the default interval ({default_interval:.0f} s), async '
+            f'saves cost at most {worst_share:.4%} of wall time, counting the '
+            'background write as lost training time.']
+  return '\n'.join(lines), [Target(
+      'checkpoint saves, share of wall time at the default interval (at most '
+      '1%; shown as 1% / measured)', 0.01 / worst_share, 1.0)]
+
+
+def _save_times(workload, async_save: bool) -> tuple[float, float]:
+  """Median seconds a save blocks training, and its write takes after."""
+  from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
+  from ctl import checkpointing  # pylint: disable=g-import-not-at-top
+  from ctl import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  _, model, optimizer, _ = bw._parts(workload)  # pylint: disable=protected-access
+  optimizer.build(model.trainable_variables)
+  blocked, written = [], []
+  with tempfile.TemporaryDirectory() as directory:
+    checkpointer = checkpointing.Checkpointer(
+        checkpointing.training_checkpoint(model, optimizer,
+                                          steps_lib.TrainState()),
+        directory, is_chief=True, task_id=0, max_to_keep=2,
+        async_save=async_save)
+    checkpointer.save(0)  # Traces.
+    checkpointer.wait()
+    for step in range(1, 4 * _REPETITIONS.value + 1):
+      start = time.perf_counter()
+      checkpointer.save(step)
+      saved = time.perf_counter()
+      checkpointer.wait()
+      blocked.append(saved - start)
+      written.append(time.perf_counter() - saved)
+  return statistics.median(blocked), statistics.median(written)
+
+
+_BARE_SCRIPT = r'''
+import os, time
+with open('/proc/self/stat') as f:  # Process start, as ctl measures it.
+  ticks = int(f.read().rsplit(')', 1)[1].split()[19])
+with open('/proc/uptime') as f:
+  started = time.monotonic() - (float(f.read().split()[0]) -
+                                ticks / os.sysconf('SC_CLK_TCK'))
+import keras, numpy as np, tensorflow as tf
+model = keras.Sequential([
+    keras.Input((8, 8)), keras.layers.Reshape((8, 8, 1)),
+    keras.layers.Conv2D(32, 3, activation='relu'), keras.layers.Flatten(),
+    keras.layers.Dense(128, activation='relu'), keras.layers.Dense(10)])
+optimizer = keras.optimizers.Adam(3e-3)
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+@tf.function
+def step(x, y):
+  with tf.GradientTape() as tape:
+    value = loss(y, model(x, training=True))
+  optimizer.apply_gradients(zip(tape.gradient(value, model.trainable_variables),
+                                model.trainable_variables))
+step(tf.random.uniform((32, 8, 8)), tf.zeros(32, tf.int32))
+print('FIRST_STEP', time.monotonic() - started)
+'''
+
+
+def _startup() -> tuple[str, list[Target]]:
+  """Process start to first training step: ctl's default job vs a bare script."""
+  contenders = {
+      'ctl: the default job (python -m ctl.main --config=configs/digits.py)':
+          (_ctl_first_step, 0),
+      'bare script: import TF, build the same CNN, run one step':
+          (_bare_first_step, 0)}
+  measured = {name: Measured(name, 0) for name in contenders}
+  for _ in range(_REPETITIONS.value):
+    for name, (measure, _) in contenders.items():
+      measured[name].values.append(measure())
+  ctl, bare = (m.median for m in measured.values())
+  lines = ['### Start-up: seconds from process start to the first training '
+           'step', '', '| | min | median | max |', '| --- | --- | --- | --- |',
+           *(f'| {m.name} | {min(m.values):.2f} | {m.median:.2f} | '
+             f'{max(m.values):.2f} |' for m in measured.values())]
+  return '\n'.join(lines), [Target(
+      'start-up: 1.2 x bare script / ctl (time to first step)',
+      1.2 * bare / ctl, 1.0)]
+
+
+def _ctl_first_step() -> float:
+  with tempfile.TemporaryDirectory() as workdir:
+    subprocess.run([sys.executable, '-m', 'ctl.main',
+                    f'--config={_REPO / "configs" / "digits.py"}',
+                    f'--workdir={workdir}', '--config.total_steps=1'],
+                   check=True, capture_output=True, cwd=_REPO)
+    results = json.loads((pathlib.Path(workdir) / 'results.json').read_text())
+  return results['timing']['first_step_seconds']
+
+
+def _bare_first_step() -> float:
+  output = subprocess.run([sys.executable, '-c', _BARE_SCRIPT], check=True,
+                          capture_output=True, text=True, cwd=_REPO).stdout
+  return float(re.search(r'FIRST_STEP (\S+)', output).group(1))
+
+
+def _levers() -> tuple[str, list[Target]]:
+  """Each speed option of ctl against its default, one at a time."""
+  from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
+  sections = []
+  for name, levers in _LEVERS.items():
+    if name == 'two_workers':
+      contenders = {'default': (_two_worker_ctl, 128)}
+      contenders.update({
+          label: (lambda overrides=overrides: _two_worker_ctl(**overrides),
+                  128) for label, overrides in levers.items()})
+    else:
+      workload = bw.WORKLOADS[name]
+      contenders = {'default': (bw.ctl_speed(workload), workload.batch_size)}
+      contenders.update({
+          label: (bw.ctl_speed(workload, **overrides), workload.batch_size)
+          for label, overrides in levers.items()})
+    measured = _interleaved(contenders)
+    default = measured['default'].median
+    rows = [f'| {m.name} | {m.median:,.0f} | {m.median / default:.3f} |'
+            for m in measured.values()]
+    sections.append('\n'.join([
+        f'### Levers: {name}', '', '| setting | steps/s (median) | '
+        '/ default |', '| --- | --- | --- |', *rows]))
+  return '\n\n'.join(sections), []
+
+
+_LEVERS = {
+    'mlp': {
+        'steps_per_loop=10': {'steps_per_loop': 10},
+        'steps_per_loop=1000, intervals 1000': BEST['mlp'],
+        'data.parallel_calls=-1 (AUTOTUNE)': {'data.parallel_calls': -1},
+        'data.prefetch=0 (none)': {'data.prefetch': 0},
+        'jit_compile=True (XLA)': {'jit_compile': True},
+        'distribution.strategy=one_device': {
+            'distribution.strategy': 'one_device'},
+        'intervals.async_checkpoint=False, checkpoint every 1000 steps': {
+            'intervals.async_checkpoint': False,
+            'intervals.checkpoint_steps': 1000},
+        'checkpoint every 1000 steps (async)': {
+            'intervals.checkpoint_steps': 1000},
+    },
+    'cnn': {
+        'steps_per_loop=1000, intervals 1000': BEST['cnn'],
+        'data.parallel_calls=-1 (AUTOTUNE)': {'data.parallel_calls': -1},
+        'jit_compile=True (XLA)': {'jit_compile': True},
+        'model.dtype_policy=mixed_bfloat16': {
+            'model.dtype_policy': 'mixed_bfloat16'},
+        'model.dtype_policy=mixed_float16': {
+            'model.dtype_policy': 'mixed_float16'},
+    },
+    'two_workers': {
+        'distribution.all_reduce_dtype=bfloat16': {
+            'distribution.all_reduce_dtype': 'bfloat16'},
+        'distribution.bytes_per_pack=1048576': {
+            'distribution.bytes_per_pack': 1048576},
+        'distribution.collective=RING': {'distribution.collective': 'RING'},
+        'steps_per_loop=1000, intervals 1000': {
+            'steps_per_loop': 1000, 'intervals.log_steps': 1000,
+            'intervals.summary_steps': 1000},
+    },
+}
+
+_SECTION_FUNCTIONS = {
+    'mlp': lambda: _single_process('mlp'),
+    'cnn': lambda: _single_process('cnn'),
+    'two_workers': _two_workers,
+    'checkpoints': _checkpoints,
+    'startup': _startup,
+    'levers': _levers,
+}
+
+
+def _machine() -> str:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as file:
+      cpu = re.search(r'model name\s*:\s*(.*)', file.read()).group(1)
+  except (OSError, AttributeError):
+    pass
+  gpus = tf.config.list_physical_devices('GPU')
+  return (f'{cpu}, {os.cpu_count()} cores, '
+          f'{len(gpus)} GPU(s), Python {platform.python_version()}, '
+          f'TensorFlow {tf.__version__}, Keras {keras.__version__}')
+
+
+def _write_markdown(path: pathlib.Path, text: str) -> None:
+  begin, end = '<!-- bench:begin -->', '<!-- bench:end -->'
+  old = path.read_text() if path.exists() else f'{begin}\n{end}\n'
+  if begin not in old or end not in old:
+    old += f'\n{begin}\n{end}\n'
+  head, rest = old.split(begin, 1)
+  _, tail = rest.split(end, 1)
+  path.write_text(f'{head}{begin}\n{text}\n{end}{tail}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,216 @@
+"""What `python -m ctl.bench` measures: workloads, and what ctl is compared with.
+
+Every contender trains the same model (built by ctl.models), optimizer
+(ctl.optimizers) and data. Each `*_speed` function builds its contender
+once and returns a function that trains a further stretch of steps and
+returns steps per second: repeated calls measure the steady state, tracing
+and warm-up left out, as ctl's own `timing.steps_per_second` does.
+"""
+
+import dataclasses
+import tempfile
+import time
+from collections.abc import Callable
+
+import keras
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from ctl import config as config_lib
+from ctl import datasets
+from ctl import models
+from ctl import optimizers
+
+NUM_TRAIN = 60_000  # As MNIST.
+NUM_EVAL = 1_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """A model, its data and how long to measure it."""
+
+  name: str
+  description: str
+  data: str  # A dataset function of this module.
+  model: str  # A ctl.models builder.
+  optimizer: str
+  batch_size: int
+  measure_steps: int  # Steps per measurement of the hand-written loops.
+  ctl_steps: int  # Steps of a ctl run; its second half is measured.
+
+
+WORKLOADS = {
+    'mlp': Workload(
+        'mlp', 'MLP 8x8 -> 128 -> 10 (overhead-bound), Adam, batch 64',
+        data='mlp_data', model='mlp', optimizer='adam', batch_size=64,
+        measure_steps=4000, ctl_steps=9000),
+    'cnn': Workload(
+        'cnn', "the tutorials' CNN on 28x28 (compute-bound), RMSprop, batch 64",
+        data='cnn_data', model='cnn', optimizer='rmsprop', batch_size=64,
+        measure_steps=150, ctl_steps=400),
+}
+
+
+def mlp_data(config: ml_collections.ConfigDict) -> datasets.Data:
+  """60,000 random 8x8 float images (and 1,000 to evaluate), 10 classes."""
+  del config
+  rng = np.random.default_rng(0)
+  features = rng.random((NUM_TRAIN + NUM_EVAL, 8, 8), dtype=np.float32)
+  return _split(features, rng, feature_scale=1.0)
+
+
+def cnn_data(config: ml_collections.ConfigDict) -> datasets.Data:
+  """60,000 random 28x28 uint8 images (and 1,000 to evaluate), as MNIST."""
+  del config
+  rng = np.random.default_rng(0)
+  features = rng.integers(0, 256, (NUM_TRAIN + NUM_EVAL, 28, 28),
+                          dtype=np.uint8)
+  return _split(features, rng, feature_scale=1 / 255)
+
+
+def _split(features, rng, feature_scale) -> datasets.Data:
+  labels = rng.integers(0, 10, len(features)).astype(np.int32)
+  return datasets.Data(
+      train=datasets.Split(features[:NUM_TRAIN], labels[:NUM_TRAIN]),
+      eval=datasets.Split(features[NUM_TRAIN:], labels[NUM_TRAIN:]),
+      num_classes=10, feature_scale=feature_scale)
+
+
+def ctl_config(workload: Workload, **overrides) -> ml_collections.ConfigDict:
+  """ctl's defaults for this workload; overrides are dotted keys."""
+  config = config_lib.base_config()
+  config.data.name = f'ctl.bench_workloads:{workload.data}'
+  config.model.name = workload.model
+  config.optimizer.name = workload.optimizer
+  config.batch_size = workload.batch_size
+  config.eval_batch_size = NUM_EVAL
+  config.total_steps = workload.ctl_steps
+  for key, value in overrides.items():
+    section, _, field = key.rpartition('.')
+    (config[section] if section else config)[field] = value
+  config_lib.validate(config)
+  return config
+
+
+def ctl_speed(workload: Workload, **overrides) -> Callable[[], float]:
+  """ctl's trainer, a fresh run each call: its steady steps per second."""
+  from ctl import train  # pylint: disable=g-import-not-at-top
+
+  def measure() -> float:
+    with tempfile.TemporaryDirectory() as workdir:
+      results = train.train_and_evaluate(ctl_config(workload, **overrides),
+                                         workdir)
+    return results['timing']['steps_per_second']
+
+  return measure
+
+
+def _parts(workload: Workload):
+  """The data, model, optimizer and loss every contender shares."""
+  config = ctl_config(workload)
+  data = globals()[workload.data](config.data)
+  model = models.build_model(config.model, data.input_shape, data.num_classes)
+  optimizer = optimizers.build_optimizer(config.optimizer, 10**9)
+  loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  return data, model, optimizer, loss
+
+
+def _hand_pipeline(data: datasets.Data, batch_size: int) -> tf.data.Dataset:
+  """The usual tf.data pipeline: slices, shuffle, batch, scale, prefetch."""
+  dataset = tf.data.Dataset.from_tensor_slices(
+      (data.train.features, data.train.labels))
+  dataset = dataset.shuffle(len(data.train), seed=0).repeat().batch(
+      batch_size, drop_remainder=True)
+  if data.feature_scale != 1:
+    dataset = dataset.map(lambda x, y: (tf.cast(x, tf.float32) *
+                                        data.feature_scale, y))
+  return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _loop_speed(step, steps: int, steps_per_loop: int = 100):
+  """Times a tf.range loop of `step`, after one call to trace it."""
+
+  @tf.function
+  def loop(num_steps):
+    for _ in tf.range(num_steps):
+      step()
+
+  loop(tf.constant(steps_per_loop))
+
+  def measure() -> float:
+    start = time.perf_counter()
+    for _ in range(steps // steps_per_loop):
+      loop(tf.constant(steps_per_loop))
+    return steps // steps_per_loop * steps_per_loop / (
+        time.perf_counter() - start)
+
+  return measure
+
+
+def _train_step(model, optimizer, loss):
+  def step(features, labels):
+    with tf.GradientTape() as tape:
+      value = loss(labels, model(features, training=True))
+      value += tf.add_n(model.losses)
+    gradients = tape.gradient(value, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+  return step
+
+
+def hand_loop_speed(workload: Workload) -> Callable[[], float]:
+  """(b) A minimal hand-written loop: a tf.function running a tf.range loop
+  over a prefetched tf.data pipeline; no metrics, checkpoints or summaries."""
+  data, model, optimizer, loss = _parts(workload)
+  iterator = iter(_hand_pipeline(data, workload.batch_size))
+  step = _train_step(model, optimizer, loss)
+  return _loop_speed(lambda: step(*next(iterator)), workload.measure_steps)
+
+
+def compute_only_speed(workload: Workload) -> Callable[[], float]:
+  """(c) The same step on one batch already in memory: the ceiling."""
+  data, model, optimizer, loss = _parts(workload)
+  features = tf.constant(np.asarray(
+      data.train.features[:workload.batch_size], np.float32) *
+                         data.feature_scale)
+  labels = tf.constant(data.train.labels[:workload.batch_size])
+  step = _train_step(model, optimizer, loss)
+  return _loop_speed(lambda: step(features, labels), workload.measure_steps)
+
+
+def keras_fit_speed(workload: Workload,
+                    steps_per_execution: int) -> Callable[[], float]:
+  """(d) Keras 3 Model.fit over the same pipeline, with accuracy as ctl has."""
+  data, model, optimizer, loss = _parts(workload)
+  model.compile(optimizer=optimizer, loss=loss, metrics=['accuracy'],
+                steps_per_execution=steps_per_execution)
+  dataset = _hand_pipeline(data, workload.batch_size)
+  steps = max(workload.measure_steps // steps_per_execution, 2) * (
+      steps_per_execution)
+  timer = _FitTimer()
+
+  def measure() -> float:
+    model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0,
+              callbacks=[timer])
+    return (steps - steps_per_execution) / timer.seconds_after_first_batch
+
+  measure()  # Traces the train function.
+  return measure
+
+
+class _FitTimer(keras.callbacks.Callback):
+  """Times a fit from the end of its first batch to its end."""
+
+  def on_train_batch_end(self, batch, logs=None):
+    del batch, logs
+    if not hasattr(self, '_first'):
+      self._first = time.perf_counter()
+
+  def on_train_begin(self, logs=None):
+    del logs
+    if hasattr(self, '_first'):
+      del self._first
+
+  def on_train_end(self, logs=None):
+    del logs
+    self.seconds_after_first_batch = time.perf_counter() - self._first
