@@ -86,6 +86,7 @@ def ctl_config(workload: Workload, **overrides) -> ml_collections.ConfigDict:
   config.batch_size = workload.batch_size
   config.eval_batch_size = NUM_EVAL
   config.total_steps = workload.ctl_steps
+  config.lock()  # A key that does not exist fails, as on the command line.
   for key, value in overrides.items():
     section, _, field = key.rpartition('.')
     (config[section] if section else config)[field] = value
@@ -116,15 +117,28 @@ def _parts(workload: Workload):
   return data, model, optimizer, loss
 
 
-def _hand_pipeline(data: datasets.Data, batch_size: int) -> tf.data.Dataset:
-  """The usual tf.data pipeline: slices, shuffle, batch, scale, prefetch."""
+def _hand_pipeline(data: datasets.Data, batch_size: int, *,
+                   parallel_map: bool = False,
+                   cache: bool = False) -> tf.data.Dataset:
+  """The usual tf.data pipeline: slices, shuffle, batch, scale, prefetch.
+
+  parallel_map and cache are the tf.data levers: the scaling map with
+  num_parallel_calls=AUTOTUNE, and the scaled examples cached in memory
+  before shuffling (their batches then need no map at all).
+  """
   dataset = tf.data.Dataset.from_tensor_slices(
       (data.train.features, data.train.labels))
+
+  def scale(x, y):
+    return tf.cast(x, tf.float32) * data.feature_scale, y
+
+  if cache:
+    dataset = dataset.map(scale).cache()
   dataset = dataset.shuffle(len(data.train), seed=0).repeat().batch(
       batch_size, drop_remainder=True)
-  if data.feature_scale != 1:
-    dataset = dataset.map(lambda x, y: (tf.cast(x, tf.float32) *
-                                        data.feature_scale, y))
+  if data.feature_scale != 1 and not cache:
+    dataset = dataset.map(
+        scale, num_parallel_calls=tf.data.AUTOTUNE if parallel_map else None)
   return dataset.prefetch(tf.data.AUTOTUNE)
 
 
@@ -158,11 +172,14 @@ def _train_step(model, optimizer, loss):
   return step
 
 
-def hand_loop_speed(workload: Workload) -> Callable[[], float]:
+def hand_loop_speed(workload: Workload, **pipeline) -> Callable[[], float]:
   """(b) A minimal hand-written loop: a tf.function running a tf.range loop
-  over a prefetched tf.data pipeline; no metrics, checkpoints or summaries."""
+  over a prefetched tf.data pipeline; no metrics, checkpoints or summaries.
+
+  pipeline: the tf.data levers of _hand_pipeline.
+  """
   data, model, optimizer, loss = _parts(workload)
-  iterator = iter(_hand_pipeline(data, workload.batch_size))
+  iterator = iter(_hand_pipeline(data, workload.batch_size, **pipeline))
   step = _train_step(model, optimizer, loss)
   return _loop_speed(lambda: step(*next(iterator)), workload.measure_steps)
 
@@ -214,3 +231,58 @@ class _FitTimer(keras.callbacks.Callback):
   def on_train_end(self, logs=None):
     del logs
     self.seconds_after_first_batch = time.perf_counter() - self._first
+
+
+def tf_data_element_microseconds(num_elements: int = 3000) -> float:
+  """What tf.data costs per element handed to a tf.function loop.
+
+  Elements are scalars from a prefetched range, so the cost measured is the
+  hand-over itself (iterator get_next inside a tf.range loop): what a
+  pipeline that yields one batch per step pays per step.
+  """
+  iterator = iter(tf.data.Dataset.range(10**12).prefetch(tf.data.AUTOTUNE))
+
+  @tf.function
+  def loop(num_steps):
+    total = tf.constant(0, tf.int64)
+    for _ in tf.range(num_steps):
+      total += next(iterator)
+    return total
+
+  loop(tf.constant(10))
+  start = time.perf_counter()
+  loop(tf.constant(num_elements))
+  return (time.perf_counter() - start) / num_elements * 1e6
+
+
+def report_milliseconds(writer: str, num_reports: int = 50) -> float:
+  """What writing one report of 6 scalars costs the training thread.
+
+  writer: 'ctl' (ctl.summaries.TensorBoardWriter) or 'tf.summary' (eager
+  tf.summary.scalar calls under a default file writer).
+  """
+  from ctl import summaries  # pylint: disable=g-import-not-at-top
+  scalars = {name: 0.5 for name in ('loss', 'accuracy', 'learning_rate',
+                                    'steps_per_second', 'examples_per_second',
+                                    'eval_accuracy')}
+  with tempfile.TemporaryDirectory() as logdir:
+    if writer == 'ctl':
+      ctl_writer = summaries.TensorBoardWriter(logdir)
+      write = ctl_writer.write_scalars
+      close = ctl_writer.close
+    else:
+      tf_writer = tf.summary.create_file_writer(logdir)
+
+      def write(step, values):
+        with tf_writer.as_default(step=step):
+          for name, value in values.items():
+            tf.summary.scalar(name, value)
+
+      close = tf_writer.close
+    write(0, scalars)  # Warms up.
+    start = time.perf_counter()
+    for step in range(1, num_reports + 1):
+      write(step, scalars)
+    seconds = time.perf_counter() - start
+    close()
+  return seconds / num_reports * 1e3

@@ -87,8 +87,9 @@ def _choose_kind(strategy: str, has_cluster: bool) -> str:
   num_gpus = len(tf.config.list_physical_devices('GPU'))
   if num_gpus > 1:
     return 'mirrored'
-  # One GPU: OneDeviceStrategy prefetches batches to it. On a CPU its
-  # wrappers only cost time (46% of a small MLP's steps, BENCHMARKS.md).
+  # One GPU: OneDeviceStrategy puts the step on it. On a CPU alone it adds
+  # nothing (and measured no faster, BENCHMARKS.md), so the default
+  # strategy runs the step as written.
   return 'one_device' if num_gpus == 1 else 'default'
 
 

@@ -14,8 +14,8 @@ global batches.
 
 Training data is held in memory (`InMemory`) and gathered inside the step:
 the pipeline yields one element per loop of steps (the example indices of
-all its steps), since each element tf.data hands over costs about 35 us on
-this machine, a third of a small MLP's step (BENCHMARKS.md).
+all its steps), since each element tf.data hands over costs about 40 us on
+a CPU, over a quarter of a small MLP's step (BENCHMARKS.md, "Fixed costs").
 """
 
 import itertools

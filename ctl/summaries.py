@@ -2,8 +2,9 @@
 
 Events are built in Python with TensorBoard's own writer (the format
 tf.summary writes) and written to disk on its thread: a report costs the
-training thread about 0.1 ms, where tf.summary's eager ops cost it about
-2 ms (9% of a small MLP's time at one report per 100 steps, BENCHMARKS.md).
+training thread about 0.3 ms, where eager tf.summary.scalar calls cost it
+about 3 ms (14% of a small MLP's time at one report per 100 steps,
+BENCHMARKS.md).
 """
 
 from collections.abc import Mapping

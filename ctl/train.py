@@ -234,15 +234,20 @@ class _Evaluator:
     self._writer = writer
     self._num_steps = tf.constant(
         input_pipeline.num_eval_steps(len(data.eval), length.eval_batch_size))
-    # The eval dataset repeats and each pass is whole, so one iterator
-    # serves every evaluation.
-    self._iterator = iter(strategy.distribute_datasets_from_function(
-        lambda context: input_pipeline.eval_dataset(
-            data.eval, feature_scale=data.feature_scale,
-            global_batch_size=length.eval_batch_size, context=context)))
+    self._make_iterator = lambda: iter(
+        strategy.distribute_datasets_from_function(
+            lambda context: input_pipeline.eval_dataset(
+                data.eval, feature_scale=data.feature_scale,
+                global_batch_size=length.eval_batch_size, context=context)))
+    self._iterator = None
 
   def evaluate(self, step: int) -> dict[str, float]:
     """Evaluates the current weights; logs and summarises them at step."""
+    if self._iterator is None:
+      # Made at the first evaluation, not before the first training step
+      # (it costs ~0.4 s). The dataset repeats and each pass is whole, so
+      # one iterator serves every evaluation.
+      self._iterator = self._make_iterator()
     self._steps.eval_loop(self._iterator, self._num_steps)
     results = self._metrics.read_and_reset()
     self._writer.write_scalars(step, results)

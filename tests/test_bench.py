@@ -1,0 +1,51 @@
+"""The benchmark's parts work; its speeds are never asserted here."""
+
+import dataclasses
+
+import pytest
+
+from ctl import bench
+from ctl import bench_workloads as bw
+
+
+def test_every_lever_is_a_valid_config():
+  for workload_name, groups in bench._LEVERS.items():  # pylint: disable=protected-access
+    workload = bw.WORKLOADS.get(workload_name, bw.WORKLOADS['cnn'])
+    for settings in groups['ctl'].values():
+      bw.ctl_config(workload, **settings)
+  for workload_name, settings in bench.BEST.items():
+    bw.ctl_config(bw.WORKLOADS[workload_name], **settings)
+
+
+def test_a_misspelt_lever_fails():
+  with pytest.raises(KeyError, match='steps_per_lop'):
+    bw.ctl_config(bw.WORKLOADS['mlp'], steps_per_lop=10)
+
+
+def test_every_contender_trains_and_reports_a_speed():
+  tiny = dataclasses.replace(bw.WORKLOADS['mlp'], measure_steps=200,
+                             ctl_steps=300)
+  for measure in (bw.ctl_speed(tiny), bw.hand_loop_speed(tiny),
+                  bw.hand_loop_speed(tiny, cache=True),
+                  bw.compute_only_speed(tiny), bw.keras_fit_speed(tiny, 10)):
+    assert measure() > 0
+  assert bw.tf_data_element_microseconds(100) > 0
+  assert bw.report_milliseconds('ctl', 2) > 0
+  assert bw.report_milliseconds('tf.summary', 2) > 0
+
+
+def test_targets_say_whether_they_are_met():
+  assert bench.Target('a', 1.5, 1.3).row().endswith('| met |')
+  assert bench.Target('a', 1.2, 1.3).row().endswith('| NOT met |')
+  assert bench.Target('a', 0.5, 1.0, at_most=True).row().endswith('| met |')
+  assert bench.Target('a', 2.0, 1.0, at_most=True).row().endswith(
+      '| NOT met |')
+
+
+def test_markdown_keeps_what_surrounds_the_generated_section(tmp_path):
+  path = tmp_path / 'BENCHMARKS.md'
+  path.write_text('# Head\n<!-- bench:begin -->\nold\n<!-- bench:end -->\n'
+                  'Analysis\n')
+  bench._write_markdown(path, 'new')  # pylint: disable=protected-access
+  assert path.read_text() == ('# Head\n<!-- bench:begin -->\nnew\n'
+                              '<!-- bench:end -->\nAnalysis\n')
