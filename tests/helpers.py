@@ -90,6 +90,29 @@ def model_tensors(checkpoint_path) -> dict:
   }
 
 
+def latest_checkpoint_step(workdir: pathlib.Path) -> int:
+  """The step of the newest complete checkpoint; 0 before the first one.
+
+  Read from the `checkpoint` state file, which is written after a
+  checkpoint's files are complete: a `ckpt-N.index` alone may belong to a
+  save still in progress.
+  """
+  state_file = workdir / 'checkpoints' / 'checkpoint'
+  if not state_file.exists():
+    return 0
+  text = state_file.read_text()
+  return int(re.search(r'model_checkpoint_path: "ckpt-(\d+)"', text).group(1))
+
+
+def wait_for_checkpoint(workdir: pathlib.Path, process, timeout=120) -> None:
+  """Waits until workdir has a complete checkpoint, while process runs."""
+  deadline = time.monotonic() + timeout
+  while not latest_checkpoint_step(workdir):
+    assert process.poll() is None, 'exited before its first checkpoint'
+    assert time.monotonic() < deadline, f'no checkpoint within {timeout} s'
+    time.sleep(0.05)
+
+
 def read_results(workdir: pathlib.Path) -> dict:
   return json.loads((workdir / 'results.json').read_text())
 

@@ -58,15 +58,6 @@ def _resumed_from(output: str) -> int:
                        output).group(1))
 
 
-def _latest_checkpoint(workdir) -> int:
-  """The step of the newest checkpoint; 0 before the first one."""
-  state_file = workdir / 'checkpoints' / 'checkpoint'
-  if not state_file.exists():
-    return 0
-  text = state_file.read_text()
-  return int(re.search(r'model_checkpoint_path: "ckpt-(\d+)"', text).group(1))
-
-
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
   """Fingerprints of uninterrupted runs: {num_workers: sha256}."""
@@ -87,7 +78,7 @@ def test_sigterm_saves_the_step_reached_and_resumes_bit_identical(
   stopped = int(re.search(r'Stopped by SIGTERM after step (\d+)',
                           worker.output).group(1))
   assert stopped > target  # SIGTERM came mid-epoch, at step target.
-  assert _latest_checkpoint(tmp_path) == stopped
+  assert helpers.latest_checkpoint_step(tmp_path) == stopped
 
   [resumed] = _start(tmp_path)
   assert resumed.wait() == 0, resumed.output[-3000:]
@@ -112,7 +103,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_bit_identical(
     worker.process.send_signal(signal.SIGKILL)
     assert worker.wait() == -signal.SIGKILL
     # The newest complete checkpoint is the one the next run resumes from.
-    resume_at = _latest_checkpoint(tmp_path)
+    resume_at = helpers.latest_checkpoint_step(tmp_path)
   [final] = _start(tmp_path)
   assert final.wait() == 0, final.output[-3000:]
   assert _resumed_from(final.output) == resume_at
@@ -131,7 +122,7 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_bit_identical(
   assert len(stopped) == 1
   [stopped] = stopped
   assert stopped > target
-  assert _latest_checkpoint(tmp_path) == stopped
+  assert helpers.latest_checkpoint_step(tmp_path) == stopped
   assert 'Took part in saving checkpoint' in workers[1].output
 
   resumed = _start(tmp_path, num_workers=2)
@@ -153,7 +144,7 @@ def test_sigkill_of_one_worker_fails_the_other_fast_and_resumes_bit_identical(
   assert time.monotonic() - killed_at < TIMEOUT_SECONDS + 5
   assert 'restart every worker' in survivor.output
   workers[victim].wait()
-  latest = _latest_checkpoint(tmp_path)
+  latest = helpers.latest_checkpoint_step(tmp_path)
 
   resumed = _start(tmp_path, num_workers=2)
   assert [worker.wait() for worker in resumed] == [0, 0]
@@ -213,4 +204,4 @@ def test_sigterm_to_the_launcher_saves_and_exits_42_without_restarting(
   assert 'stopped on request; workers exited with [42, 42]' in launcher.output
   assert launcher.output.count('started workers') == 1
   stopped = re.search(r'Stopped by SIGTERM after step (\d+)', launcher.output)
-  assert _latest_checkpoint(tmp_path) == int(stopped.group(1))
+  assert helpers.latest_checkpoint_step(tmp_path) == int(stopped.group(1))

@@ -192,10 +192,7 @@ def test_a_killed_sweep_skips_finished_trials_and_resumes_the_rest(tmp_path):
   first, second = (workdir / name for name in trials_lib.trial_names(trials)[:2])
   runner = helpers.Watched(_sweep_command(sweep_file, workdir))
   runner.wait_for(f'{first.name}: finished')
-  deadline = time.monotonic() + 120
-  while not list(second.glob('checkpoints/ckpt-*.index')):
-    assert time.monotonic() < deadline
-    time.sleep(0.05)
+  helpers.wait_for_checkpoint(second, runner.process)
   runner.process.send_signal(signal.SIGKILL)
   runner.wait()
   # The running trial died with its runner: nothing trains unwatched.
