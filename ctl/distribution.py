@@ -67,7 +67,7 @@ def build_strategy(
         is_chief=is_chief(resolver.task_type, resolver.task_id, cluster_spec))
     return strategy, task
   if kind == 'mirrored':
-    strategy = tf.distribute.MirroredStrategy()
+    strategy = tf.distribute.MirroredStrategy(_local_devices())
   elif kind == 'one_device':
     gpus = tf.config.list_logical_devices('GPU')
     strategy = tf.distribute.OneDeviceStrategy(
@@ -76,6 +76,18 @@ def build_strategy(
     strategy = tf.distribute.get_strategy()
   return strategy, Task(task_type=None, task_id=0, num_workers=1,
                         is_chief=True)
+
+
+def _local_devices() -> list[str]:
+  """Every local GPU; without GPUs, every logical CPU device.
+
+  A machine has one logical CPU device unless the program splits it
+  (tf.config.set_logical_device_configuration), as the tests do to run
+  several replicas in one process.
+  """
+  devices = (tf.config.list_logical_devices('GPU') or
+             tf.config.list_logical_devices('CPU'))
+  return [device.name for device in devices]
 
 
 def _choose_kind(strategy: str, has_cluster: bool) -> str:

@@ -1,0 +1,70 @@
+"""Several replicas in one process: MirroredStrategy over a split CPU.
+
+tests/split_cpu.py splits this machine's CPU into two devices, standing in
+for a machine with two GPUs; everything else is `python -m ctl.main`.
+"""
+
+import re
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from ctl import errors
+import helpers
+
+pytestmark = pytest.mark.slow
+
+ARGS = (f'--config={helpers.DIGITS}', '--config.num_epochs=2',
+        '--config.intervals.log_steps=1')
+MIRRORED = '--config.distribution.strategy=mirrored'
+
+
+def _on_two_devices(*args: str) -> list[str]:
+  return [sys.executable, str(helpers.REPO / 'tests' / 'split_cpu.py'), '2',
+          *args]
+
+
+def test_two_replicas_train_what_one_replica_trains(tmp_path):
+  mirrored, single = tmp_path / 'mirrored', tmp_path / 'single'
+  run = helpers.Watched(_on_two_devices(*ARGS, MIRRORED,
+                                        f'--workdir={mirrored}'))
+  assert run.wait() == 0, run.output[-3000:]
+  assert '2 replica(s) in sync' in run.output
+  results = helpers.read_results(mirrored)
+  assert results['step'] == 88 and results['eval']['accuracy'] > 0.9
+
+  reference = helpers.run_ctl(*ARGS, f'--workdir={single}')
+  assert reference.returncode == 0, reference.stderr[-3000:]
+  assert '1 replica(s) in sync' in reference.stderr
+  two_replicas = helpers.model_tensors(mirrored / 'checkpoints' / 'ckpt-88')
+  one_replica = helpers.model_tensors(single / 'checkpoints' / 'ckpt-88')
+  assert two_replicas.keys() == one_replica.keys() and len(one_replica) == 6
+  for name, value in one_replica.items():
+    np.testing.assert_allclose(two_replicas[name], value, atol=1e-5,
+                               err_msg=name)
+
+
+def test_sigterm_stops_two_replicas_and_the_resume_is_bit_identical(tmp_path):
+  args = (*ARGS, MIRRORED, '--config.deterministic=True',
+          '--config.model.dropout=0.3')
+  reference = helpers.Watched(_on_two_devices(
+      *args, f'--workdir={tmp_path / "reference"}'))
+  assert reference.wait() == 0, reference.output[-3000:]
+
+  workdir = tmp_path / 'stopped'
+  stopped = helpers.Watched(_on_two_devices(*args, f'--workdir={workdir}'))
+  stopped.wait_for(r'step 50/88 ')
+  stopped.process.send_signal(signal.SIGTERM)
+  assert stopped.wait() == errors.EXIT_PREEMPTED, stopped.output[-3000:]
+  step = int(re.search(r'Stopped by SIGTERM after step (\d+)',
+                       stopped.output).group(1))
+  assert 50 < step < 88
+  assert helpers.latest_checkpoint_step(workdir) == step
+
+  resumed = helpers.Watched(_on_two_devices(*args, f'--workdir={workdir}'))
+  assert resumed.wait() == 0, resumed.output[-3000:]
+  assert f'Training from step {step} to 88' in resumed.output
+  assert helpers.fingerprint(resumed.output) == helpers.fingerprint(
+      reference.output)
