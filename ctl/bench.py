@@ -134,6 +134,10 @@ def _table(title: str, measured: list[Measured]) -> str:
       '| --- | --- | --- | --- | --- |', *(m.row() for m in measured)])
 
 
+_COMPUTE_XLA = "(c) compute only, XLA as ctl's default"
+_FIT_XLA = '(d) Keras fit, steps_per_execution=100, jit_compile=True'
+
+
 def _single_process(workload_name: str) -> tuple[str, list[Target]]:
   """(a) to (d) on one workload, in this process."""
   from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
@@ -145,16 +149,25 @@ def _single_process(workload_name: str) -> tuple[str, list[Target]]:
                                  batch),
       '(b) hand-written loop': (bw.hand_loop_speed(workload), batch),
       '(c) compute only': (bw.compute_only_speed(workload), batch),
+      _COMPUTE_XLA: (bw.compute_only_speed(workload, jit_compile='auto'),
+                     batch),
   }
   for steps_per_execution in (1, 10, 100):
     contenders[f'(d) Keras fit, steps_per_execution={steps_per_execution}'] = (
         bw.keras_fit_speed(workload, steps_per_execution), batch)
+  contenders[_FIT_XLA] = (bw.keras_fit_speed(workload, 100, jit_compile=True),
+                          batch)
   measured = _interleaved(contenders)
-  fits = [m for name, m in measured.items() if name.startswith('(d)')]
+  # Keras fit as the issue defines it: its defaults, the best
+  # steps_per_execution. With XLA it is reported beside, not in the target.
+  fits = [m for name, m in measured.items()
+          if name.startswith('(d)') and name != _FIT_XLA]
   best_fit = max(fits, key=lambda m: m.median)
   ctl_default = measured['(a) ctl, default settings'].median
   hand = measured['(b) hand-written loop'].median
-  compute = measured['(c) compute only'].median
+  # The ceiling: the faster of the two compute-only loops.
+  compute = max(m.median for name, m in measured.items()
+                if name.startswith('(c)'))
   name = workload_name.upper()
   targets = [
       Target(f'{name}: ctl default / hand-written loop', ctl_default / hand,
@@ -164,10 +177,15 @@ def _single_process(workload_name: str) -> tuple[str, list[Target]]:
              ctl_default / best_fit.median, 2.5 if workload_name == 'mlp'
              else 1.3)]
   if workload_name == 'cnn':
-    targets.append(Target(f'{name}: ctl default / compute only',
+    targets.append(Target(f'{name}: ctl default / compute only (the faster)',
                           ctl_default / compute, 0.95))
-  return _table(f'{name}: {workload.description}', list(measured.values())), (
-      targets)
+  table = _table(f'{name}: {workload.description}', list(measured.values()))
+  beside = (f'Beside the targets: ctl default / Keras fit with '
+            f'jit_compile=True: '
+            f'{ctl_default / measured[_FIT_XLA].median:.3g}x; ctl default / '
+            f'compute only with XLA as ctl\'s default: '
+            f'{ctl_default / measured[_COMPUTE_XLA].median:.3g}x.')
+  return f'{table}\n\n{beside}', targets
 
 
 def _two_workers() -> tuple[str, list[Target]]:
@@ -400,7 +418,8 @@ _LEVERS = {
             'steps_per_loop=10': {'steps_per_loop': 10},
             'steps_per_loop=1000, log and summary intervals 1000': BEST['mlp'],
             'no metrics (metrics=())': {'metrics': ()},
-            'jit_compile=True (XLA)': {'jit_compile': True},
+            'jit_compile=off (no XLA)': {'jit_compile': 'off'},
+            'jit_compile=step (XLA per step)': {'jit_compile': 'step'},
             'distribution.strategy=one_device': {
                 'distribution.strategy': 'one_device'},
             'checkpoint every 1000 steps, async (default)': {
@@ -417,7 +436,8 @@ _LEVERS = {
     'cnn': {
         'ctl': {
             'steps_per_loop=1000, log and summary intervals 1000': BEST['cnn'],
-            'jit_compile=True (XLA)': {'jit_compile': True},
+            'jit_compile=off (no XLA)': {'jit_compile': 'off'},
+            'jit_compile=loop (XLA over the loop)': {'jit_compile': 'loop'},
             'model.dtype_policy=mixed_bfloat16': {
                 'model.dtype_policy': 'mixed_bfloat16'},
             'model.dtype_policy=mixed_float16 (with loss scaling)': {

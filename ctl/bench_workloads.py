@@ -21,6 +21,7 @@ from ctl import config as config_lib
 from ctl import datasets
 from ctl import models
 from ctl import optimizers
+from ctl import steps as steps_lib
 
 NUM_TRAIN = 60_000  # As MNIST.
 NUM_EVAL = 1_000
@@ -142,10 +143,17 @@ def _hand_pipeline(data: datasets.Data, batch_size: int, *,
   return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def _loop_speed(step, steps: int, steps_per_loop: int = 100):
-  """Times a tf.range loop of `step`, after one call to trace it."""
+def _loop_speed(step, steps: int, steps_per_loop: int = 100,
+                jit_compile: str = 'off'):
+  """Times a tf.range loop of `step`, after one call to trace it.
 
-  @tf.function
+  jit_compile: 'step' compiles each step with XLA, 'loop' the whole loop,
+  as ctl's config.jit_compile does.
+  """
+  if jit_compile == 'step':
+    step = tf.function(step, jit_compile=True)
+
+  @tf.function(jit_compile=jit_compile == 'loop')
   def loop(num_steps):
     for _ in tf.range(num_steps):
       step()
@@ -184,23 +192,36 @@ def hand_loop_speed(workload: Workload, **pipeline) -> Callable[[], float]:
   return _loop_speed(lambda: step(*next(iterator)), workload.measure_steps)
 
 
-def compute_only_speed(workload: Workload) -> Callable[[], float]:
-  """(c) The same step on one batch already in memory: the ceiling."""
+def compute_only_speed(workload: Workload,
+                       jit_compile: str = 'off') -> Callable[[], float]:
+  """(c) The same step on one batch already in memory: the ceiling.
+
+  jit_compile: as ctl's; ctl's 'auto' is the ceiling of ctl's default.
+  """
   data, model, optimizer, loss = _parts(workload)
   features = tf.constant(np.asarray(
       data.train.features[:workload.batch_size], np.float32) *
                          data.feature_scale)
   labels = tf.constant(data.train.labels[:workload.batch_size])
   step = _train_step(model, optimizer, loss)
-  return _loop_speed(lambda: step(features, labels), workload.measure_steps)
+  if jit_compile == 'auto':
+    jit_compile = steps_lib.resolve_jit_compile('auto', num_replicas=1,
+                                                model=model)
+  return _loop_speed(lambda: step(features, labels), workload.measure_steps,
+                     jit_compile=jit_compile)
 
 
-def keras_fit_speed(workload: Workload,
-                    steps_per_execution: int) -> Callable[[], float]:
-  """(d) Keras 3 Model.fit over the same pipeline, with accuracy as ctl has."""
+def keras_fit_speed(workload: Workload, steps_per_execution: int,
+                    jit_compile: bool | str = 'auto') -> Callable[[], float]:
+  """(d) Keras 3 Model.fit over the same pipeline, with accuracy as ctl has.
+
+  jit_compile: Model.compile's; its 'auto' means no XLA on a machine
+  without GPUs.
+  """
   data, model, optimizer, loss = _parts(workload)
   model.compile(optimizer=optimizer, loss=loss, metrics=['accuracy'],
-                steps_per_execution=steps_per_execution)
+                steps_per_execution=steps_per_execution,
+                jit_compile=jit_compile)
   dataset = _hand_pipeline(data, workload.batch_size)
   steps = max(workload.measure_steps // steps_per_execution, 2) * (
       steps_per_execution)

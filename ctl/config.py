@@ -19,6 +19,7 @@ COLLECTIVES = ('AUTO', 'RING', 'NCCL')
 SCHEDULES = ('constant', 'cosine', 'linear')
 DTYPE_POLICIES = ('float32', 'mixed_float16', 'mixed_bfloat16')
 ALL_REDUCE_DTYPES = ('float32', 'bfloat16', 'float16')
+JIT_COMPILES = ('auto', 'off', 'step', 'loop')
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -84,8 +85,13 @@ def base_config() -> ml_collections.ConfigDict:
   config.total_steps = 0
   # Steps run inside one tf.function call; loops also end at every interval.
   config.steps_per_loop = 100
-  # Compile the forward and backward pass with XLA.
-  config.jit_compile = False
+  # What XLA compiles: 'off'; 'step': each training step, optimizer update
+  # included (with several replicas, each replica's forward and backward
+  # pass only); 'loop': the steps_per_loop steps of a loop as one program
+  # (one replica only); 'auto': 'loop' on one CPU replica, 'step' there for
+  # models with convolutions, else 'off' (see steps.resolve_jit_compile).
+  # A model XLA cannot compile fails at its first step: set 'off'.
+  config.jit_compile = 'auto'
 
   # Periodic work; 0 turns an interval off. Each epoch end also logs, writes
   # summaries and evaluates. A checkpoint is also saved at the end of
@@ -137,6 +143,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'optimizer.schedule', SCHEDULES)
   _check_choice(config, 'model.dtype_policy', DTYPE_POLICIES)
   _check_choice(config, 'distribution.all_reduce_dtype', ALL_REDUCE_DTYPES)
+  _check_choice(config, 'jit_compile', JIT_COMPILES)
   for key in ('batch_size', 'steps_per_loop', 'intervals.keep_checkpoints'):
     _check(config, key, lambda value: value >= 1, 'must be at least 1')
   for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',

@@ -7,6 +7,7 @@ the network.
 """
 
 import dataclasses
+import importlib.util
 import os
 import zipfile
 
@@ -63,12 +64,21 @@ def load(config: ml_collections.ConfigDict) -> Data:
 
 
 def load_digits(config: ml_collections.ConfigDict) -> Data:
-  """scikit-learn's 1,797 8x8 handwritten digits (values 0..16)."""
-  # Imported here: scikit-learn is slow to import and only this dataset needs it.
-  from sklearn import datasets as sklearn_datasets  # pylint: disable=g-import-not-at-top
-  digits = sklearn_datasets.load_digits()
-  images = digits.images.astype(np.uint8)
-  labels = digits.target.astype(np.int32)
+  """scikit-learn's 1,797 8x8 handwritten digits (values 0..16).
+
+  Read from the file scikit-learn ships, as `sklearn.datasets.load_digits`
+  reads it, without importing scikit-learn: that import takes over half a
+  second, a tenth of the time to the first training step.
+  """
+  path = _digits_file()
+  try:
+    rows = np.loadtxt(path, delimiter=',', dtype=np.float32)
+  except (OSError, ValueError) as error:
+    raise errors.CtlError(
+        f'Cannot read the digits that scikit-learn ships ({path}): '
+        f'{error}. Reinstall scikit-learn.') from error
+  images = rows[:, :-1].reshape(-1, 8, 8).astype(np.uint8)
+  labels = rows[:, -1].astype(np.int32)
   order = np.random.default_rng(_SPLIT_SEED).permutation(len(labels))
   num_eval = int(round(len(labels) * config.eval_fraction))
   eval_rows, train_rows = order[:num_eval], order[num_eval:]
@@ -106,6 +116,17 @@ def load_mnist(config: ml_collections.ConfigDict) -> Data:
 
 
 _LOADERS = {'digits': load_digits, 'mnist': load_mnist}
+
+
+def _digits_file() -> str:
+  """Where scikit-learn keeps its copy of the digits (found, not imported)."""
+  spec = importlib.util.find_spec('sklearn')
+  if spec is None or not spec.submodule_search_locations:
+    raise errors.CtlError(
+        'The digits dataset ships with scikit-learn, which is not installed: '
+        'pip install scikit-learn.')
+  return os.path.join(spec.submodule_search_locations[0], 'datasets', 'data',
+                      'digits.csv.gz')
 
 
 def _keras_home() -> str:

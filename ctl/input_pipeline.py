@@ -89,14 +89,14 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
     shares = tf.reshape(order, [steps_per_epoch, global_batch_size])[
         :, share_start:share_start + share_size]
     return tf.data.Dataset.from_tensor_slices(bounds[position]).map(
-        lambda bound: shares[bound[0]:bound[1]])
+        _plain(lambda bound: shares[bound[0]:bound[1]]))
 
-  chunks = tf.data.Dataset.range(len(by_epoch)).flat_map(epoch_chunks)
+  chunks = tf.data.Dataset.range(len(by_epoch)).flat_map(_plain(epoch_chunks))
   if local_replicas > 1:
     # A pipeline feeds its local replicas consecutive elements: replica r
     # gets columns [r * b, (r + 1) * b) of the share.
-    chunks = chunks.map(lambda rows: tf.transpose(
-        tf.reshape(rows, [-1, local_replicas, per_replica]), [1, 0, 2]))
+    chunks = chunks.map(_plain(lambda rows: tf.transpose(
+        tf.reshape(rows, [-1, local_replicas, per_replica]), [1, 0, 2])))
     chunks = chunks.unbatch()
   return chunks.prefetch(2)
 
@@ -127,16 +127,22 @@ def eval_dataset(split: datasets.Split, *, feature_scale: float,
   per_replica = context.get_per_replica_batch_size(global_batch_size)
   local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
   start = context.input_pipeline_id * local_replicas * per_replica
-  batches = batches.map(lambda rows, weights: tuple(
+  batches = batches.map(_plain(lambda rows, weights: tuple(
       tf.reshape(column[start:start + local_replicas * per_replica],
                  [local_replicas, per_replica])
-      for column in (rows, weights))).unbatch()
+      for column in (rows, weights)))).unbatch()
   data = InMemory(split, feature_scale)
 
   def gather(rows, weights):
     return (*data.batch(rows), weights)
 
-  return batches.map(gather).repeat().prefetch(tf.data.AUTOTUNE)
+  return batches.map(_plain(gather)).repeat().prefetch(tf.data.AUTOTUNE)
+
+
+def _plain(function):
+  """Marks a tf.data function as needing no AutoGraph conversion (it costs
+  tens of milliseconds of start-up per function)."""
+  return tf.autograph.experimental.do_not_convert(function)
 
 
 def _scaled(features: tf.Tensor, scale: float) -> tf.Tensor:

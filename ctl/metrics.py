@@ -60,7 +60,7 @@ class MetricSet:
     for metric in self._metrics.values():
       metric.update_state(labels, logits, sample_weight=weights)
 
-  @tf.function
+  @tf.function(autograph=False)
   def _read_and_reset(self) -> dict[str, tf.Tensor]:
     # One call: each eager op would cost a dispatch on the training thread.
     results = {'loss': self.loss.result()}

@@ -2,15 +2,60 @@
 
 `train_step` and `eval_step` each run one step on every replica through
 `strategy.run`. `train_loop` and `eval_loop` run many steps inside one
-tf.function (a `tf.range` loop whose count is a tensor, so it never
-retraces); the Python loop in ctl/train.py owns everything else.
+tf.function (a graph loop whose count is a tensor, so it never retraces);
+the Python loop in ctl/train.py owns everything else. They are traced
+without AutoGraph: ctl's step code has no Python control flow on tensors,
+and converting it cost most of the first step's tracing time.
 """
+
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
 
+from ctl import errors
 from ctl import input_pipeline
 from ctl import metrics as metrics_lib
+
+
+# Keras layers whose XLA CPU kernels run several times slower inside a
+# compiled loop than in a compiled step (BENCHMARKS.md, levers).
+_CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
+                 keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose,
+                 keras.layers.Conv3DTranspose, keras.layers.DepthwiseConv1D,
+                 keras.layers.DepthwiseConv2D, keras.layers.SeparableConv1D,
+                 keras.layers.SeparableConv2D)
+
+
+def resolve_jit_compile(setting: str, *, num_replicas: int,
+                        model: keras.Model) -> str:
+  """What XLA compiles: config.jit_compile, with 'auto' decided.
+
+  'auto', from measurements on CPUs (BENCHMARKS.md, levers): with one
+  replica on the CPU, 'loop', since running a whole loop as one XLA
+  program removes the cost of dispatching each op (4x on a small MLP);
+  but 'step' for models with convolutions, which XLA runs several times
+  slower inside a loop, while a compiled step still fuses the optimizer's
+  pass over every weight (1.3x on the tutorials' CNN). With several
+  replicas, or with GPUs or TPUs (not measured here): 'off'.
+
+  Raises:
+    ConfigError: for 'loop' with several replicas.
+  """
+  if setting == 'loop' and num_replicas > 1:
+    raise errors.ConfigError(
+        f"config.jit_compile='loop' needs a single replica; this job has "
+        f"{num_replicas}. Use 'step' or 'off'.")
+  if setting != 'auto':
+    return setting
+  accelerators = [device for device in tf.config.list_physical_devices()
+                  if device.device_type != 'CPU']
+  if num_replicas > 1 or accelerators:
+    return 'off'
+  layers = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  if any(isinstance(layer, _CONVOLUTIONS) for layer in layers):
+    return 'step'
+  return 'loop'
 
 
 class TrainState:
@@ -54,8 +99,16 @@ class Steps:
                train_metrics: metrics_lib.MetricSet,
                eval_metrics: metrics_lib.MetricSet, state: TrainState,
                global_batch_size: int, steps_per_epoch: int,
-               jit_compile: bool = False, all_reduce_dtype: str = 'float32'):
-    """Args as named; see ctl/config.py for jit_compile and all_reduce_dtype."""
+               steps_per_loop: int, jit_compile: str = 'off',
+               all_reduce_dtype: str = 'float32'):
+    """Args as named; see ctl/config.py for all_reduce_dtype.
+
+    Args:
+      jit_compile: what XLA compiles, as `resolve_jit_compile` decides:
+        'off'; 'step': each step (with several replicas, each replica's
+        forward and backward pass only); 'loop': all the steps of a loop
+        (one replica only).
+    """
     self._strategy = strategy
     self._model = model
     self._optimizer = optimizer
@@ -66,10 +119,26 @@ class Steps:
     self._state = state
     self._global_batch_size = global_batch_size
     self._steps_per_epoch = steps_per_epoch
-    # XLA compiles the forward and backward pass; applying the gradients
-    # stays outside, as it may run collectives XLA cannot on every device.
-    self._gradients = (tf.function(self._replica_gradients, jit_compile=True)
-                       if jit_compile else self._replica_gradients)
+    self._steps_per_loop = steps_per_loop
+    self._jit_compile = jit_compile
+    # XLA compiles one program per input shape, so each compiled function
+    # takes inputs of one shape: a step its batch's indices, a loop the
+    # indices of steps_per_loop steps (padded).
+    self._run_steps = self._loop_steps
+    self._train_batch = self._replica_train_batch
+    self._gradients = self._replica_gradients
+    one_replica = strategy.num_replicas_in_sync == 1
+    if jit_compile == 'loop':
+      self._run_steps = tf.function(self._loop_steps, jit_compile=True,
+                                    autograph=False)
+    elif jit_compile == 'step' and one_replica:
+      self._train_batch = tf.function(self._replica_train_batch,
+                                      jit_compile=True, autograph=False)
+    elif jit_compile == 'step':
+      # Applying the gradients all-reduces them, which XLA cannot compile
+      # on every device: only the forward and backward pass are compiled.
+      self._gradients = tf.function(self._replica_gradients,
+                                    jit_compile=True, autograph=False)
     self._all_reduce_dtype = (tf.as_dtype(all_reduce_dtype)
                               if strategy.num_replicas_in_sync > 1 and
                               all_reduce_dtype != 'float32' else None)
@@ -84,13 +153,15 @@ class Steps:
         of input_pipeline.train_chunks).
       step: which of them.
     """
-    self._strategy.run(self._replica_train_step, args=(rows, step))
+    self._strategy.run(
+        lambda replica_rows: self._train_batch(replica_rows[step]),
+        args=(rows,))
 
   def eval_step(self, iterator) -> None:
     """Runs one evaluation step on every replica."""
     self._strategy.run(self._replica_eval_step, args=next(iterator))
 
-  @tf.function
+  @tf.function(autograph=False)
   def train_loop(self, iterator, num_steps: tf.Tensor,
                  requests: tf.Tensor) -> dict[str, tf.Tensor]:
     """Runs num_steps training steps, then agrees on what to do next.
@@ -110,8 +181,9 @@ class Steps:
       'learning_rate': the learning rate of the next step.
     """
     rows = next(iterator)
-    for step in tf.range(num_steps):
-      self.train_step(rows, step)
+    if self._jit_compile == 'loop':  # One replica: rows is a tensor.
+      rows = tf.pad(rows, [[0, self._steps_per_loop - num_steps], [0, 0]])
+    self._run_steps(rows, num_steps)
     self._state.advance(num_steps, self._steps_per_epoch)
     agreed = self._strategy.reduce(
         tf.distribute.ReduceOp.SUM,
@@ -120,14 +192,18 @@ class Steps:
             'learning_rate': tf.cast(self._optimizer.learning_rate,
                                      tf.float32)}
 
-  @tf.function
+  @tf.function(autograph=False)
   def eval_loop(self, iterator, num_steps: tf.Tensor) -> None:
     """Runs num_steps evaluation steps, accumulating the eval metrics."""
-    for _ in tf.range(num_steps):
-      self.eval_step(iterator)
+    _repeat(lambda step: self.eval_step(iterator), num_steps)
 
-  def _replica_train_step(self, rows, step):
-    features, labels = self._train_data.batch(rows[step])
+  def _loop_steps(self, rows, num_steps: tf.Tensor) -> None:
+    """Runs the first num_steps steps of rows."""
+    _repeat(lambda step: self.train_step(rows, step), num_steps)
+
+  def _replica_train_batch(self, rows: tf.Tensor) -> None:
+    """Trains one replica on the examples at indices rows."""
+    features, labels = self._train_data.batch(rows)
     logits, per_example_loss, regularization_loss, gradients = (
         self._gradients(features, labels))
     self._apply(gradients)
@@ -167,6 +243,22 @@ class Steps:
     logits = tf.cast(self._model(features, training=False), tf.float32)
     self._eval_metrics.update(labels, logits, self._loss_fn(labels, logits),
                               weights)
+
+
+def _repeat(body: Callable[[tf.Tensor], None], num_times: tf.Tensor) -> None:
+  """Calls body(i) for i in 0..num_times-1, as one graph loop.
+
+  An explicit tf.while_loop: these tf.functions are traced without
+  AutoGraph, whose conversion of ctl's code took most of the first step's
+  second of tracing. (AutoGraph's `for i in tf.range(n)` would also make n
+  a compile-time constant for XLA: one compilation per loop length.)
+  """
+
+  def step(i):
+    body(i)
+    return i + 1
+
+  tf.while_loop(lambda i: i < num_times, step, [tf.constant(0)])
 
 
 def _skip_keras_gradient_all_reduce(optimizer: keras.optimizers.Optimizer):

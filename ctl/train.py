@@ -111,6 +111,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
           '. Nothing was saved after the latest checkpoint in '
           f'{workdir_lib.checkpoint_dir(workdir)}; restart every worker to '
           'resume from it.') from error
+    except tf.errors.InvalidArgumentError as error:
+      reason = _xla_failure(error)
+      if reason is None:
+        raise
+      raise errors.CtlError(
+          f'XLA cannot compile the training step of this model: {reason}. '
+          'Run with --config.jit_compile=off (config.jit_compile='
+          f'{config.jit_compile!r}). Nothing was trained.') from error
+
+
+def _xla_failure(error: tf.errors.OpError) -> str | None:
+  """The line saying why XLA could not compile, if that is the error."""
+  for line in error.message.splitlines():
+    if 'trying to compile' in line and '_JIT' in line:
+      return line.strip()[:500]
+  return None
 
 
 # What a collective raises when a peer is gone or too slow.
@@ -138,6 +154,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
     state = steps_lib.TrainState()
     train_metrics = metrics_lib.MetricSet(config.metrics)
     eval_metrics = metrics_lib.MetricSet(config.metrics)
+  jit_compile = steps_lib.resolve_jit_compile(
+      config.jit_compile, num_replicas=strategy.num_replicas_in_sync,
+      model=model)
+  logging.info('XLA compiles: %s (config.jit_compile=%r)', jit_compile,
+               config.jit_compile)
   checkpointer = checkpointing.Checkpointer(
       checkpointing.training_checkpoint(model, optimizer, state),
       workdir_lib.checkpoint_dir(workdir), is_chief=task.is_chief,
@@ -167,7 +188,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
       loss_fn=metrics_lib.build_loss(config.loss),
       train_metrics=train_metrics, eval_metrics=eval_metrics, state=state,
       global_batch_size=length.global_batch_size,
-      steps_per_epoch=length.steps_per_epoch, jit_compile=config.jit_compile,
+      steps_per_epoch=length.steps_per_epoch,
+      steps_per_loop=config.steps_per_loop, jit_compile=jit_compile,
       all_reduce_dtype=config.distribution.all_reduce_dtype)
   train_writer = summaries.make_writer(
       workdir_lib.summary_dir(workdir, 'train'), task.is_chief)
@@ -479,7 +501,7 @@ def _check_resumable(state: steps_lib.TrainState,
 def _check_workers_agree(strategy: tf.distribute.Strategy,
                          state: steps_lib.TrainState) -> None:
   """Fails if workers restored different steps (each must see the workdir)."""
-  @tf.function
+  @tf.function(autograph=False)
   def mean_step():
     return strategy.reduce(
         tf.distribute.ReduceOp.MEAN,

@@ -33,6 +33,21 @@ def test_digits_split_is_fixed_and_complete():
   np.testing.assert_array_equal(data.eval.features, again.eval.features)
 
 
+def test_digits_are_scikit_learns_digits():
+  from sklearn import datasets as sklearn_datasets  # pylint: disable=g-import-not-at-top
+  expected = sklearn_datasets.load_digits()
+  data = datasets.load(_data_config(name='digits'))
+  features = np.concatenate([data.train.features, data.eval.features])
+  labels = np.concatenate([data.train.labels, data.eval.labels])
+  # The same examples, in the split's order.
+  order = np.lexsort(features.reshape(len(features), -1).T[::-1])
+  expected_order = np.lexsort(expected.data.T[::-1])
+  np.testing.assert_array_equal(features.reshape(-1, 64)[order],
+                                expected.data[expected_order])
+  np.testing.assert_array_equal(labels[order],
+                                expected.target[expected_order])
+
+
 def test_mnist_reads_the_file_in_the_keras_cache(tmp_path, monkeypatch):
   (tmp_path / 'datasets').mkdir()
   _write_mnist(tmp_path / 'datasets' / 'mnist.npz')
