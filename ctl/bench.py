@@ -189,16 +189,24 @@ def _single_process(workload_name: str) -> tuple[str, list[Target]]:
 
 
 def _two_workers() -> tuple[str, list[Target]]:
-  """(e) ctl and the tutorial's code, each as 2 worker processes."""
-  contenders = {'(a) ctl, default settings (configs/mnist.py)':
-                    (_two_worker_ctl, 128),
-                '(e) the tutorial\'s code': (_two_worker_tutorial, 128)}
+  """(e) ctl and the tutorial's code, each as 2 worker processes.
+
+  Beside them, the ceiling: the step alone on the same 2 workers.
+  """
+  contenders = {
+      '(a) ctl, default settings (configs/mnist.py)': (_two_worker_ctl, 128),
+      '(e) the tutorial\'s code': (_two_worker_tutorial, 128),
+      '(c) the step alone: compute and all-reduce, no training loop': (
+          _two_worker_ceiling, 128)}
   measured = _interleaved(contenders)
-  ctl, tutorial = (m.median for m in measured.values())
-  return _table('2 workers on localhost: the tutorials\' CNN, 64 examples '
-                'per worker, 3 epochs of 70 steps', list(measured.values())), [
-                    Target('2 workers: ctl / tutorial code', ctl / tutorial,
-                           2.0)]
+  ctl, tutorial, ceiling = (m.median for m in measured.values())
+  table = _table('2 workers on localhost: the tutorials\' CNN, 64 examples '
+                 'per worker, 3 epochs of 70 steps', list(measured.values()))
+  beside = (f'Beside the target: ctl / the step alone {ctl / ceiling:.3g}x; '
+            f'the step alone / the tutorial\'s code {ceiling / tutorial:.3g}x '
+            '(the most any training loop could gain on it here).')
+  return f'{table}\n\n{beside}', [
+      Target('2 workers: ctl / tutorial code', ctl / tutorial, 2.0)]
 
 
 def _two_worker_ctl(**overrides) -> float:
@@ -215,8 +223,17 @@ def _two_worker_ctl(**overrides) -> float:
 
 def _two_worker_tutorial() -> float:
   with tempfile.TemporaryDirectory() as workdir:
-    outputs = _run_workers([sys.executable, '-m', 'ctl.bench_tutorial',
-                            os.path.join(workdir, 'ckpt')])
+    return _two_worker_script('ctl.bench_tutorial',
+                              os.path.join(workdir, 'ckpt'))
+
+
+def _two_worker_ceiling() -> float:
+  return _two_worker_script('ctl.bench_ceiling')
+
+
+def _two_worker_script(module: str, *args: str) -> float:
+  """Steps/s that `python -m module` prints (as 'BENCH {...}') on worker 0."""
+  outputs = _run_workers([sys.executable, '-m', module, *args])
   return json.loads(re.search(r'^BENCH (.*)$', outputs[0], re.M).group(1))[
       'steps_per_second']
 
@@ -266,7 +283,7 @@ def _save_times(workload, async_save: bool) -> tuple[float, float]:
   from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
   from ctl import checkpointing  # pylint: disable=g-import-not-at-top
   from ctl import steps as steps_lib  # pylint: disable=g-import-not-at-top
-  _, model, optimizer, _ = bw._parts(workload)  # pylint: disable=protected-access
+  _, model, optimizer, _ = bw.parts(workload)
   optimizer.build(model.trainable_variables)
   blocked, written = [], []
   with tempfile.TemporaryDirectory() as directory:
@@ -460,6 +477,8 @@ _LEVERS = {
                 'distribution.bytes_per_pack': 1048576},
             'distribution.collective=RING': {
                 'distribution.collective': 'RING'},
+            'jit_compile=step (XLA for each replica\'s forward and backward)': {
+                'jit_compile': 'step'},
             'steps_per_loop=1000, log and summary intervals 1000': {
                 'steps_per_loop': 1000, 'intervals.log_steps': 1000,
                 'intervals.summary_steps': 1000},

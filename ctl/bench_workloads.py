@@ -108,7 +108,7 @@ def ctl_speed(workload: Workload, **overrides) -> Callable[[], float]:
   return measure
 
 
-def _parts(workload: Workload):
+def parts(workload: Workload):
   """The data, model, optimizer and loss every contender shares."""
   config = ctl_config(workload)
   data = globals()[workload.data](config.data)
@@ -186,7 +186,7 @@ def hand_loop_speed(workload: Workload, **pipeline) -> Callable[[], float]:
 
   pipeline: the tf.data levers of _hand_pipeline.
   """
-  data, model, optimizer, loss = _parts(workload)
+  data, model, optimizer, loss = parts(workload)
   iterator = iter(_hand_pipeline(data, workload.batch_size, **pipeline))
   step = _train_step(model, optimizer, loss)
   return _loop_speed(lambda: step(*next(iterator)), workload.measure_steps)
@@ -198,7 +198,7 @@ def compute_only_speed(workload: Workload,
 
   jit_compile: as ctl's; ctl's 'auto' is the ceiling of ctl's default.
   """
-  data, model, optimizer, loss = _parts(workload)
+  data, model, optimizer, loss = parts(workload)
   features = tf.constant(np.asarray(
       data.train.features[:workload.batch_size], np.float32) *
                          data.feature_scale)
@@ -218,7 +218,7 @@ def keras_fit_speed(workload: Workload, steps_per_execution: int,
   jit_compile: Model.compile's; its 'auto' means no XLA on a machine
   without GPUs.
   """
-  data, model, optimizer, loss = _parts(workload)
+  data, model, optimizer, loss = parts(workload)
   model.compile(optimizer=optimizer, loss=loss, metrics=['accuracy'],
                 steps_per_execution=steps_per_execution,
                 jit_compile=jit_compile)

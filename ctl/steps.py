@@ -33,11 +33,12 @@ def resolve_jit_compile(setting: str, *, num_replicas: int,
 
   'auto', from measurements on CPUs (BENCHMARKS.md, levers): with one
   replica on the CPU, 'loop', since running a whole loop as one XLA
-  program removes the cost of dispatching each op (4x on a small MLP);
-  but 'step' for models with convolutions, which XLA runs several times
-  slower inside a loop, while a compiled step still fuses the optimizer's
-  pass over every weight (1.3x on the tutorials' CNN). With several
-  replicas, or with GPUs or TPUs (not measured here): 'off'.
+  program removes the cost of dispatching each op (1.75x ctl's speed on
+  the benchmark's MLP); but 'step' for models with convolutions, which
+  XLA runs several times slower inside a loop, while a compiled step
+  still fuses the optimizer's passes over every weight (1.24x on the
+  tutorials' CNN). With several replicas, or with GPUs or TPUs (not
+  measured here): 'off'.
 
   Raises:
     ConfigError: for 'loop' with several replicas.

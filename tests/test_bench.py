@@ -27,7 +27,11 @@ def test_every_contender_trains_and_reports_a_speed():
                              ctl_steps=300)
   for measure in (bw.ctl_speed(tiny), bw.hand_loop_speed(tiny),
                   bw.hand_loop_speed(tiny, cache=True),
-                  bw.compute_only_speed(tiny), bw.keras_fit_speed(tiny, 10)):
+                  bw.compute_only_speed(tiny),
+                  bw.compute_only_speed(tiny, jit_compile='auto'),
+                  bw.compute_only_speed(tiny, jit_compile='step'),
+                  bw.keras_fit_speed(tiny, 10),
+                  bw.keras_fit_speed(tiny, 10, jit_compile=True)):
     assert measure() > 0
   assert bw.tf_data_element_microseconds(100) > 0
   assert bw.report_milliseconds('ctl', 2) > 0
@@ -49,3 +53,10 @@ def test_markdown_keeps_what_surrounds_the_generated_section(tmp_path):
   bench._write_markdown(path, 'new')  # pylint: disable=protected-access
   assert path.read_text() == ('# Head\n<!-- bench:begin -->\nnew\n'
                               '<!-- bench:end -->\nAnalysis\n')
+
+
+@pytest.mark.slow
+def test_the_two_worker_contenders_run_and_report_a_speed():
+  # Each is two real worker processes on localhost.
+  assert bench._two_worker_ceiling() > 0  # pylint: disable=protected-access
+  assert bench._two_worker_tutorial() > 0  # pylint: disable=protected-access

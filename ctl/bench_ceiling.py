@@ -1,0 +1,66 @@
+"""The 2-worker ceiling for `python -m ctl.bench`: the step and nothing else.
+
+Each worker runs the tutorials' CNN step (forward, backward, the gradients'
+all-reduce and RMSprop's update, as Keras does them) on one batch of 64
+already in memory, 100 steps per tf.function call: no input pipeline,
+metrics, checkpoints or logs. No training loop on the same workers can be
+faster.
+
+    TF_CONFIG=... python -m ctl.bench_ceiling
+"""
+
+import json
+import os
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ctl import bench_workloads as bw
+
+_STEPS_PER_CALL = 100
+_CALLS = 2
+
+
+def main() -> None:
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  workload = bw.WORKLOADS['cnn']
+  with strategy.scope():
+    data, model, optimizer, _ = bw.parts(workload)
+    optimizer.build(model.trainable_variables)
+  per_example_loss = keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True, reduction=None)
+  global_batch_size = workload.batch_size * strategy.num_replicas_in_sync
+  features = tf.constant(np.asarray(
+      data.train.features[:workload.batch_size], np.float32) *
+                         data.feature_scale)
+  labels = tf.constant(data.train.labels[:workload.batch_size])
+
+  def replica_step():
+    with tf.GradientTape() as tape:
+      value = tf.nn.compute_average_loss(
+          per_example_loss(labels, model(features, training=True)),
+          global_batch_size=global_batch_size)
+      value += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+    gradients = tape.gradient(value, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+
+  @tf.function(autograph=False)
+  def loop(num_steps):
+    tf.while_loop(lambda i: i < num_steps,
+                  lambda i: (strategy.run(replica_step), i + 1)[1],
+                  [tf.constant(0)])
+
+  loop(tf.constant(2))  # Traces.
+  start = time.perf_counter()
+  for _ in range(_CALLS):
+    loop(tf.constant(_STEPS_PER_CALL))
+  seconds = time.perf_counter() - start
+  print('BENCH ' + json.dumps(
+      {'steps_per_second': _CALLS * _STEPS_PER_CALL / seconds}), flush=True)
+  os._exit(0)  # pylint: disable=protected-access
+
+
+if __name__ == '__main__':
+  main()
