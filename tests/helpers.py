@@ -113,6 +113,19 @@ def wait_for_checkpoint(workdir: pathlib.Path, process, timeout=120) -> None:
     time.sleep(0.05)
 
 
+def assert_same_model(checkpoint, reference, atol: float) -> int:
+  """Asserts two ctl checkpoints' model weights agree to within atol.
+
+  Returns how many weight tensors were compared.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  got, expected = model_tensors(checkpoint), model_tensors(reference)
+  assert got.keys() == expected.keys() and expected
+  for name, value in expected.items():
+    np.testing.assert_allclose(got[name], value, atol=atol, err_msg=name)
+  return len(expected)
+
+
 def read_results(workdir: pathlib.Path) -> dict:
   return json.loads((workdir / 'results.json').read_text())
 

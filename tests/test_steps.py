@@ -1,7 +1,6 @@
 """What XLA compiles (config.jit_compile), and that every choice trains alike."""
 
 import keras
-import numpy as np
 import pytest
 
 from ctl import errors
@@ -59,11 +58,8 @@ def test_every_choice_trains_what_plain_tensorflow_trains(tmp_path, model,
   assert compiled['weights_sha256'] != plain['weights_sha256']  # XLA ran.
   # The same arithmetic, rounded differently (padded rows of a loop, say,
   # would move the weights far more).
-  xla_weights = helpers.model_tensors(tmp_path / 'xla/checkpoints/ckpt-40')
-  for name, value in helpers.model_tensors(
-      tmp_path / 'plain/checkpoints/ckpt-40').items():
-    np.testing.assert_allclose(xla_weights[name], value, atol=1e-4,
-                               err_msg=name)
+  helpers.assert_same_model(tmp_path / 'xla/checkpoints/ckpt-40',
+                            tmp_path / 'plain/checkpoints/ckpt-40', atol=1e-4)
 
 
 @pytest.mark.parametrize('model, jit_compile', [

@@ -188,11 +188,8 @@ def test_warm_start_takes_model_weights_and_starts_at_step_0(tmp_path):
           'optimizer.name': 'sgd', 'optimizer.learning_rate': 1e-30}),
       str(target))
   assert results['step'] == 44
-  source_weights = helpers.model_tensors(source / 'checkpoints' / 'ckpt-44')
-  target_weights = helpers.model_tensors(target / 'checkpoints' / 'ckpt-44')
-  assert source_weights.keys() == target_weights.keys()
-  for name, value in source_weights.items():
-    np.testing.assert_allclose(target_weights[name], value, atol=1e-20)
+  helpers.assert_same_model(target / 'checkpoints' / 'ckpt-44',
+                            source / 'checkpoints' / 'ckpt-44', atol=1e-20)
 
 
 def test_warm_start_is_ignored_once_the_workdir_has_a_checkpoint(
