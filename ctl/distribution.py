@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from absl import logging
 import ml_collections
 import tensorflow as tf
 
@@ -20,6 +21,8 @@ class Task:
   task_id: int
   num_workers: int
   is_chief: bool  # The chief alone writes checkpoints, summaries and results.
+  # The job's other tasks, as 'worker:1'; none for a single process.
+  peers: tuple[str, ...] = ()
 
   @property
   def name(self) -> str:
@@ -58,14 +61,16 @@ def build_strategy(
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver,
         communication_options=_communication_options(config))
+    tasks = [f'{job}:{index}' for job in ('chief', 'worker')
+             if job in cluster_spec.jobs
+             for index in range(cluster_spec.num_tasks(job))]
     task = Task(
         task_type=resolver.task_type,
         task_id=resolver.task_id,
-        num_workers=sum(cluster_spec.num_tasks(job)
-                        for job in ('chief', 'worker')
-                        if job in cluster_spec.jobs),
+        num_workers=len(tasks),
         is_chief=is_chief(resolver.task_type, resolver.task_id, cluster_spec))
-    return strategy, task
+    return strategy, dataclasses.replace(
+        task, peers=tuple(name for name in tasks if name != task.name))
   if kind == 'mirrored':
     strategy = tf.distribute.MirroredStrategy(_local_devices())
   elif kind == 'one_device':
@@ -76,6 +81,41 @@ def build_strategy(
     strategy = tf.distribute.get_strategy()
   return strategy, Task(task_type=None, task_id=0, num_workers=1,
                         is_chief=True)
+
+
+def leave_together(task: Task, timeout_seconds: float) -> None:
+  """Returns once this worker can exit without failing the others.
+
+  ctl exits without TensorFlow's shutdown, which takes seconds (ctl/main.py),
+  and with it skips its wait for the other workers: a worker that exits
+  while a peer still receives its part of the last collective fails that
+  peer ("Socket closed"). So every worker first waits at a barrier (then
+  every collective is complete everywhere), and the chief, which hosts the
+  coordination service holding the barrier, leaves last: once every other
+  worker has said it got past it. A failure here is logged, not raised:
+  this worker's work is done.
+
+  Args:
+    task: this process's place in the job.
+    timeout_seconds: how long to wait for the others; 0 waits a day.
+  """
+  if not task.peers:
+    return
+  # The coordination service's barrier and key-value store: TensorFlow's own
+  # (tf.distribute's failure handling uses them), with no public API.
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  coordination = context.context()
+  timeout_ms = int(1000 * (timeout_seconds or 24 * 3600))
+  try:
+    coordination.wait_at_barrier('ctl/exit', timeout_ms)
+    if task.is_chief:
+      for peer in task.peers:
+        coordination.get_config_key_value(f'ctl/left/{peer}', timeout_ms)
+    else:
+      coordination.set_config_key_value(f'ctl/left/{task.name}', 'left')
+  except tf.errors.OpError as error:
+    logging.warning('Not all workers reached the end together: %s',
+                    error.message.strip().splitlines()[0])
 
 
 def _local_devices() -> list[str]:

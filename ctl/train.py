@@ -98,16 +98,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   logging.info('Task %s of %d worker(s), %d replica(s) in sync, chief: %s',
                task.name, task.num_workers, strategy.num_replicas_in_sync,
                task.is_chief)
+  timeout_seconds = config.distribution.timeout_seconds
   with preemption.StopSignal() as stop_signal:
     try:
-      return _run(config, workdir, strategy, task, stop_signal, started)
+      results = _run(config, workdir, strategy, task, stop_signal, started)
+    except errors.Preempted:
+      distribution.leave_together(task, timeout_seconds)
+      raise
     except _PEER_ERRORS as error:
       if task.num_workers == 1:
         raise
       raise errors.PeerFailure(
           f'Lost the other workers ({type(error).__name__}): a worker died, '
           'was stopped, or did not respond within '
-          f'distribution.timeout_seconds={config.distribution.timeout_seconds}'
+          f'distribution.timeout_seconds={timeout_seconds}'
           '. Nothing was saved after the latest checkpoint in '
           f'{workdir_lib.checkpoint_dir(workdir)}; restart every worker to '
           'resume from it.') from error
@@ -119,6 +123,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
           f'XLA cannot compile the training step of this model: {reason}. '
           'Run with --config.jit_compile=off (config.jit_compile='
           f'{config.jit_compile!r}). Nothing was trained.') from error
+  distribution.leave_together(task, timeout_seconds)
+  return results
 
 
 def _xla_failure(error: tf.errors.OpError) -> str | None:
