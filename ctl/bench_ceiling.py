@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import bench_workloads as bw
+from ctl import steps as steps_lib
 
 _STEPS_PER_CALL = 100
 _CALLS = 2
@@ -48,9 +49,7 @@ def main() -> None:
 
   @tf.function(autograph=False)
   def loop(num_steps):
-    tf.while_loop(lambda i: i < num_steps,
-                  lambda i: (strategy.run(replica_step), i + 1)[1],
-                  [tf.constant(0)])
+    steps_lib.repeat(lambda _: strategy.run(replica_step), num_steps)
 
   loop(tf.constant(2))  # Traces.
   start = time.perf_counter()

@@ -196,11 +196,11 @@ class Steps:
   @tf.function(autograph=False)
   def eval_loop(self, iterator, num_steps: tf.Tensor) -> None:
     """Runs num_steps evaluation steps, accumulating the eval metrics."""
-    _repeat(lambda step: self.eval_step(iterator), num_steps)
+    repeat(lambda step: self.eval_step(iterator), num_steps)
 
   def _loop_steps(self, rows, num_steps: tf.Tensor) -> None:
     """Runs the first num_steps steps of rows."""
-    _repeat(lambda step: self.train_step(rows, step), num_steps)
+    repeat(lambda step: self.train_step(rows, step), num_steps)
 
   def _replica_train_batch(self, rows: tf.Tensor) -> None:
     """Trains one replica on the examples at indices rows."""
@@ -246,7 +246,7 @@ class Steps:
                               weights)
 
 
-def _repeat(body: Callable[[tf.Tensor], None], num_times: tf.Tensor) -> None:
+def repeat(body: Callable[[tf.Tensor], None], num_times: tf.Tensor) -> None:
   """Calls body(i) for i in 0..num_times-1, as one graph loop.
 
   An explicit tf.while_loop: these tf.functions are traced without
