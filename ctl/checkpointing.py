@@ -76,8 +76,20 @@ class Checkpointer:
 
   @property
   def latest(self) -> str | None:
-    """The path of the newest checkpoint in the workdir, if any."""
-    return self._read_manager.latest_checkpoint
+    """The newest checkpoint in the workdir whose files exist, if any.
+
+    A checkpoint named by the state file but without files was moved away
+    on purpose (a damaged one, as restore_latest's message suggests): the
+    one before it is used, with a warning.
+    """
+    listed = self._read_manager.checkpoints
+    for path in reversed(listed):
+      if tf.io.gfile.exists(f'{path}.index'):
+        if path != listed[-1]:
+          logging.warning('The latest checkpoint %s has no files (moved '
+                          'away?); resuming from %s.', listed[-1], path)
+        return path
+    return None
 
   def restore_latest(self) -> str | None:
     """Restores the newest checkpoint, if any; returns its path.
@@ -85,7 +97,8 @@ class Checkpointer:
     Raises:
       CtlError: when the checkpoint does not match the objects being
         restored (another model, optimizer or shape) or cannot be read. The
-        checkpoint files are left as they were.
+        checkpoint files are left as they were; the message names an
+        earlier checkpoint that restores, if there is one.
     """
     path = self.latest
     if path is None:
@@ -98,11 +111,28 @@ class Checkpointer:
       raise errors.CtlError(
           f'Checkpoint {path} does not match this model and optimizer, or '
           f'cannot be read: {_summary(error)}\nIt was left untouched. '
-          'Resume it with the config that wrote it, or train in a new '
-          '--workdir.') from error
+          f'{self._how_to_resume_before(path)}Resume it with the config that '
+          'wrote it, or train in a new --workdir.') from error
     self._last_saved_step = int(path.rsplit('-', 1)[1])  # ckpt-<step>
     logging.info('Restored %s', path)
     return path
+
+  def _how_to_resume_before(self, failed: str) -> str:
+    """Says how to resume from the newest earlier checkpoint that restores.
+
+    Only called on the way to an error: restoring into the live objects to
+    check is harmless then.
+    """
+    listed = self._read_manager.checkpoints
+    for path in reversed(listed[:listed.index(failed)]):
+      try:
+        self._checkpoint.restore(path).assert_consumed()
+      except Exception:  # pylint: disable=broad-except
+        continue
+      return (f'The previous checkpoint, {path}, restores correctly: to '
+              f'resume from it, move {failed}.* out of {self.directory} '
+              '(e.g. into a new directory) and run the same command again. ')
+    return ''
 
   def save(self, step: int) -> None:
     """Saves the state as checkpoint number `step` (on every worker).

@@ -126,6 +126,10 @@ def base_config() -> ml_collections.ConfigDict:
   # forever; 0 waits forever. Must exceed the longest checkpoint save and
   # the first step's tracing.
   config.distribution.timeout_seconds = 600.0
+  # Seconds a worker waits at start-up for every task of the cluster to
+  # join; after that it exits with code 43 naming the tasks that did not
+  # arrive (a scheduler or ctl.launch restarts it). 0 waits forever.
+  config.distribution.startup_timeout_seconds = 300.0
   # Gradients are all-reduced in this dtype: 'float32', or 'bfloat16' /
   # 'float16' to halve the bytes sent (at some precision).
   config.distribution.all_reduce_dtype = 'float32'
@@ -151,7 +155,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
               'intervals.summary_steps', 'intervals.eval_steps',
               'intervals.checkpoint_steps', 'intervals.checkpoint_epochs',
               'intervals.checkpoint_secs', 'distribution.bytes_per_pack',
-              'distribution.timeout_seconds'):
+              'distribution.timeout_seconds',
+              'distribution.startup_timeout_seconds'):
     _check(config, key, lambda value: value >= 0, 'must not be negative')
   _check(config, 'optimizer.learning_rate', lambda value: value > 0,
          'must be positive')
@@ -210,7 +215,14 @@ def load(config_file: str,
 def explain_flag_error(error: Exception, argv: Sequence[str]) -> str:
   """A one-paragraph message for an error raised while parsing --config flags."""
   if isinstance(error, flags.Error):
-    return str(error)
+    text = str(error)
+    if 'Traceback (most recent call last)' in text:
+      # ml_collections puts the traceback of a config file's get_config in
+      # the message: its last line says what went wrong.
+      flag, _, _ = text.partition(': Error whilst parsing config file')
+      last = [line for line in text.splitlines() if line.strip()][-1]
+      return f'Cannot load {flag.removeprefix("flag ")}: {last.strip()}'
+    return text
   if isinstance(error, (AttributeError, KeyError)):
     # An override of a key the config does not have: ml_collections wraps a
     # KeyError, whose text names the last part of the key, in an
@@ -220,7 +232,10 @@ def explain_flag_error(error: Exception, argv: Sequence[str]) -> str:
     key = text.split("'")[1:2]
     named = [arg for arg in overrides if key and key[0] in arg] or overrides
     return f'Unknown config key in {" ".join(named)}: {text}'
-  return f'Cannot load --config: {error}'
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  # A file that fails to load is explained over several lines; the last
+  # says why (e.g. "[Errno 2] No such file or directory: 'configs/x.py'").
+  return f'Cannot load --config: {lines[-1] if lines else type(error).__name__}'
 
 
 def _innermost_text(error: BaseException) -> str:
@@ -234,7 +249,7 @@ def differences(old: dict, new: dict) -> list[str]:
 
   Both are plain dicts as read from JSON (`json.loads(config.to_json())`).
   """
-  old_leaves, new_leaves = _leaves(old), _leaves(new)
+  old_leaves, new_leaves = leaves(old), leaves(new)
   return [
       f'{key}: {old_leaves.get(key)!r} -> {new_leaves.get(key)!r}'
       for key in sorted(old_leaves.keys() | new_leaves.keys())
@@ -242,15 +257,15 @@ def differences(old: dict, new: dict) -> list[str]:
   ]
 
 
-def _leaves(tree: dict, prefix: str = '') -> dict:
+def leaves(tree: dict, prefix: str = '') -> dict:
   """Flattens nested dicts to {'a.b': value}."""
-  leaves = {}
+  flat = {}
   for key, value in tree.items():
     if isinstance(value, dict):
-      leaves.update(_leaves(value, f'{prefix}{key}.'))
+      flat.update(leaves(value, f'{prefix}{key}.'))
     else:
-      leaves[f'{prefix}{key}'] = value
-  return leaves
+      flat[f'{prefix}{key}'] = value
+  return flat
 
 
 def _get(config: ml_collections.ConfigDict, dotted_key: str):

@@ -3,13 +3,13 @@
 Any config field can be overridden, e.g. `--config.optimizer.learning_rate=0.01`.
 The config is locked: a key that does not exist, or a value of the wrong
 type, stops the run (exit code 2) before anything is written.
+`--print_config` prints the resolved config, each field with its comment.
 
 Exit codes (see ctl/errors.py): 0 trained, or had finished; 1 failed, the
 message says why; 2 wrong flags or config; 42 preempted by SIGTERM after a
 checkpoint, restart to resume; 43 a peer worker failed, restart all workers.
 """
 
-import atexit
 import os
 import sys
 
@@ -18,18 +18,33 @@ from absl import flags
 from absl import logging
 
 from ctl import config as config_lib
+from ctl import config_help
 from ctl import errors
+from ctl import tf_process
 
 _CONFIG = config_lib.define_config_flag()
+flags.declare_key_flag('config')  # Listed by --help, not only --helpfull.
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Directory for checkpoints, summaries and results.')
-flags.mark_flags_as_required(['config', 'workdir'])
+_PRINT_CONFIG = flags.DEFINE_bool(
+    'print_config', False,
+    'Print the resolved config, each field with its comment and default, '
+    'and exit without training (no --workdir needed).')
+flags.mark_flag_as_required('config')
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     _exit_usage(f'Unexpected arguments: {" ".join(argv[1:])}')
+  if _PRINT_CONFIG.value:
+    print(config_help.describe(_CONFIG.value))
+    return
+  if not _WORKDIR.value:
+    _exit_usage('Flag --workdir must name the directory for checkpoints, '
+                'summaries and results.')
   logging.get_absl_handler().addFilter(_drop_tensorflow_info)
+  tf_process.remove_autograph_bytecode_at_exit()
+  tf_process.import_quietly()
   # Imported here so that flag errors are reported before TensorFlow loads.
   from ctl import train  # pylint: disable=g-import-not-at-top
   try:
@@ -40,25 +55,8 @@ def main(argv: list[str]) -> None:
     else:
       logging.error('%s', error)
     print(f'ctl: {error.label}: {error}', file=sys.stderr)
-    _exit_now(error.exit_code)
-  _exit_now(0)
-
-
-def _exit_now(code: int) -> None:
-  """Exits without TensorFlow's shutdown, once everything is flushed.
-
-  Under MultiWorkerMirroredStrategy the runtime's shutdown takes seconds
-  (4 to 11 measured, more when a peer is gone), which a preemption's grace
-  period cannot spare. train_and_evaluate has closed every summary writer
-  and waited for every checkpoint by the time it returns or raises, so
-  nothing is lost.
-  """
-  # atexit handlers still run: autograph deletes its temporary files there.
-  atexit._run_exitfuncs()  # pylint: disable=protected-access
-  logging.flush()
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(code)  # pylint: disable=protected-access
+    tf_process.exit_now(error.exit_code)
+  tf_process.exit_now(0)
 
 
 def _drop_tensorflow_info(record) -> bool:

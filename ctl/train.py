@@ -170,9 +170,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
       workdir_lib.checkpoint_dir(workdir), is_chief=task.is_chief,
       task_id=task.task_id, max_to_keep=config.intervals.keep_checkpoints,
       async_save=config.intervals.async_checkpoint)
-  if task.is_chief:
-    workdir_lib.prepare(workdir)
-    workdir_lib.save_config(workdir, config)
+  # Nothing is written before the run is known to start: a checkpoint that
+  # does not fit, or a finished run, leaves the workdir as it was.
   if checkpointer.restore_latest():
     _check_resumable(state, length)
   elif config.init_from:
@@ -187,6 +186,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
                  'Results: %s', step, length.total_steps,
                  workdir_lib.results_path(workdir))
     return results
+  if task.is_chief:
+    workdir_lib.prepare(workdir)
+    workdir_lib.save_config(workdir, config)
 
   steps = steps_lib.Steps(
       strategy=strategy, model=model, optimizer=optimizer,
@@ -522,4 +524,13 @@ def _check_workers_agree(strategy: tf.distribute.Strategy,
 
 
 def _format(scalars: dict[str, float]) -> str:
-  return ' '.join(f'{name} {value:.4g}' for name, value in scalars.items())
+  return ' '.join(f'{name} {format_number(value)}'
+                  for name, value in scalars.items())
+
+
+def format_number(value: float) -> str:
+  """Four significant digits, never in scientific notation: 0.0001234, 18820."""
+  if not math.isfinite(value):
+    return str(value)
+  return np.format_float_positional(value, precision=4, unique=False,
+                                    fractional=False, trim='-')

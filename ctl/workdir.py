@@ -68,7 +68,7 @@ def read_results(workdir: str) -> dict | None:
   try:
     with open(results_path(workdir)) as file:
       return json.load(file)
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):
     return None
 
 

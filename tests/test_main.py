@@ -83,7 +83,10 @@ def test_an_existing_workdir_is_not_changed_by_a_bad_override(tmp_path):
 @pytest.mark.parametrize('args, message', [
     (['--config=configs/no_such.py', '--workdir=/tmp/x'],
      'Cannot load --config'),
-    ([f'--config={helpers.DIGITS}'], '--workdir must have a value'),
+    ([f'--config={helpers.DIGITS}'], '--workdir must name the directory'),
+    ([f'--config={helpers.DIGITS}:smok', '--workdir=/tmp/x'],
+     "Cannot load --config=" + helpers.DIGITS +
+     ":smok: ValueError: Unknown variant 'smok'"),
     ([f'--config={helpers.DIGITS}', '--workdir=/tmp/x', 'stray'],
      'Unexpected arguments: stray'),
 ])
@@ -91,6 +94,57 @@ def test_bad_flags_exit_2(args, message):
   run = helpers.run_ctl(*args)
   assert run.returncode == 2
   assert message in run.stderr
+  assert 'Traceback' not in run.stderr
+  assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_help_lists_every_flag_ctl_defines():
+  run = helpers.run_ctl('--help')  # absl's --help exits with code 1.
+  for flag in ('--config', '--workdir', '--print_config'):
+    assert flag in run.stdout
+
+
+def test_print_config_shows_every_field_with_its_comment(tmp_path):
+  run = helpers.run_ctl(f'--config={helpers.DIGITS}', '--print_config',
+                        '--config.optimizer.learning_rate=0.01')
+  assert run.returncode == 0, run.stderr
+  lines = run.stdout.splitlines()
+  assert '# Peak learning rate.' in lines
+  assert 'optimizer.learning_rate = 0.01  # default: 0.001' in lines
+  config = helpers.load_config('digits')
+  fields = [line.split(' = ')[0] for line in lines if ' = ' in line
+            and not line.startswith('#')]
+  assert len(fields) == len(_leaves(config.to_dict()))
+  assert 'tensorflow' not in run.stderr.lower()  # Printed without loading TF.
+
+
+def _leaves(tree, prefix=''):
+  found = []
+  for key, value in tree.items():
+    found += (_leaves(value, f'{prefix}{key}.') if isinstance(value, dict)
+              else [prefix + key])
+  return found
+
+
+def test_the_log_is_one_line_per_report_without_tensorflows_start_up(
+    tmp_path):
+  scratch = tmp_path / 'tmp'
+  scratch.mkdir()
+  env = helpers.env_with(TMPDIR=str(scratch))
+  for variable in ('TF_CPP_MIN_LOG_LEVEL', 'PYTHONDONTWRITEBYTECODE'):
+    env.pop(variable, None)
+  run = helpers.run_ctl(f'--config={helpers.DIGITS}:smoke',
+                        f'--workdir={tmp_path / "workdir"}', env=env)
+  assert run.returncode == 0, run.stderr[-3000:]
+  # AutoGraph's temporary files, and the bytecode Python caches beside them.
+  assert not list(scratch.iterdir())
+  for noise in ('oneDNN', 'cuInit', 'cpu_feature_guard', 'cudart_stub',
+                'InitializeLog'):
+    assert noise not in run.stderr
+  reports = [line for line in run.stderr.splitlines() if '| loss ' in line]
+  assert len(reports) == 8  # Each 11 steps of 88.
+  assert not [line for line in run.stderr.splitlines() if 'e+' in line]
+  assert len(run.stderr.splitlines()) < 30, run.stderr
 
 
 def test_an_unwritable_workdir_exits_1_with_a_clear_message(tmp_path):

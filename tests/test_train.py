@@ -85,11 +85,16 @@ def test_resumes_from_the_latest_checkpoint(tmp_path):
 def test_a_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
   train.train_and_evaluate(_digits(num_epochs=1, **{'model.width': 16}),
                            str(tmp_path))
-  before = helpers.file_stamps(tmp_path / 'checkpoints')
+  before = helpers.file_stamps(tmp_path)
+  config_before = (tmp_path / 'config.json').read_text()
   with pytest.raises(errors.CtlError, match='does not match this model') as e:
     train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
   assert 'left untouched' in str(e.value)
-  assert helpers.file_stamps(tmp_path / 'checkpoints') == before
+  # No earlier checkpoint restores into this model either: no false hint.
+  assert 'previous checkpoint' not in str(e.value)
+  # A start that failed changed nothing, config.json included.
+  assert helpers.file_stamps(tmp_path) == before
+  assert (tmp_path / 'config.json').read_text() == config_before
 
 
 def test_a_config_that_cuts_epochs_differently_is_refused(tmp_path):
@@ -173,9 +178,31 @@ def test_a_corrupted_checkpoint_is_refused_and_kept(tmp_path, damage):
   before = helpers.file_stamps(tmp_path)
   with pytest.raises(errors.CtlError, match='untouched'):
     train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
-  after = helpers.file_stamps(tmp_path)
-  assert {k: v for k, v in after.items() if not k.startswith('config')} == {
-      k: v for k, v in before.items() if not k.startswith('config')}
+  assert helpers.file_stamps(tmp_path) == before
+
+
+def test_a_damaged_latest_checkpoint_names_the_previous_one(tmp_path):
+  train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
+  checkpoints = tmp_path / 'checkpoints'
+  data = checkpoints / 'ckpt-88.data-00000-of-00001'
+  data.write_bytes(data.read_bytes()[:1000])
+  before = helpers.file_stamps(tmp_path)
+  with pytest.raises(errors.CtlError) as error:
+    train.train_and_evaluate(_digits(num_epochs=3), str(tmp_path))
+  message = str(error.value)
+  assert 'ckpt-88 does not match this model' in message
+  assert 'previous checkpoint' in message and 'ckpt-44' in message
+  assert f'move {checkpoints}/ckpt-88.* out of {checkpoints}' in message
+  assert helpers.file_stamps(tmp_path) == before
+
+  # Done as the message says, the same run resumes from ckpt-44.
+  aside = tmp_path / 'damaged'
+  aside.mkdir()
+  for path in checkpoints.glob('ckpt-88.*'):
+    path.rename(aside / path.name)
+  results = train.train_and_evaluate(_digits(num_epochs=3), str(tmp_path))
+  assert results['step'] == 132
+  assert helpers.latest_checkpoint_step(tmp_path) == 132
 
 
 def test_warm_start_takes_model_weights_and_starts_at_step_0(tmp_path):

@@ -1,0 +1,69 @@
+"""Prints a resolved config with each field's comment from `base_config()`.
+
+`python -m ctl.main --config=configs/digits.py --print_config` shows every
+field a run would use, what it means, and where it differs from the
+default. The comments are read from ctl/config.py's source, so they are
+written once, beside the defaults.
+"""
+
+import inspect
+import io
+import re
+import tokenize
+
+import ml_collections
+
+from ctl import config as config_lib
+
+_ASSIGNMENT = re.compile(r'\s*config((?:\.\w+)+)\s*=')
+
+
+def field_comments() -> dict[str, str]:
+  """{'optimizer.learning_rate': 'Peak learning rate.', ...} from base_config."""
+  source = inspect.getsource(config_lib.base_config)
+  trailing = _trailing_comments(source)
+  comments, pending = {}, []
+  for number, line in enumerate(source.splitlines(), start=1):
+    stripped = line.strip()
+    if stripped.startswith('#'):
+      pending.append(stripped.lstrip('#').strip())
+      continue
+    match = _ASSIGNMENT.match(line)
+    if match:
+      text = ' '.join(pending + [trailing.get(number, '')]).strip()
+      if text:
+        comments[match.group(1)[1:]] = text
+    pending = []
+  return comments
+
+
+def _trailing_comments(source: str) -> dict[int, str]:
+  """{line number: comment} for comments after code on the same line."""
+  found = {}
+  tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+  for token in tokens:
+    if token.type == tokenize.COMMENT and token.line.strip() != token.string:
+      found[token.start[0]] = token.string.lstrip('#').strip()
+  return found
+
+
+def describe(config: ml_collections.ConfigDict) -> str:
+  """The config as `key = value` lines, each under its comment."""
+  comments = field_comments()
+  defaults = config_lib.leaves(config_lib.base_config().to_dict())
+  lines, sections_seen = [], set()
+  for key, value in config_lib.leaves(config.to_dict()).items():
+    section = key.rpartition('.')[0]
+    if section in comments and section not in sections_seen:
+      lines.append(f'# {section}: {comments[section]}')
+    sections_seen.add(section)
+    if key in comments:
+      lines.append(f'# {comments[key]}')
+    line = f'{key} = {value!r}'
+    if key in defaults and defaults[key] != value:
+      line += f'  # default: {defaults[key]!r}'
+    elif key not in defaults:
+      line += '  # not in base_config(): set by this config file'
+    lines.append(line)
+  return '\n'.join(lines)
+
