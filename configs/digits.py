@@ -15,7 +15,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
     variant: '' for the default; 'smoke' for a run of a few steps, e.g.
       --config=configs/digits.py:smoke.
   """
-  config = config_lib.base_config()
+  config = config_lib.classification_config()
   config.data.name = 'digits'
   config.model.name = 'cnn'
   config.optimizer.name = 'adam'

@@ -13,7 +13,7 @@ def get_config() -> ml_collections.ConfigDict:
   downloads. As in the tutorials: RMSprop at 1e-3, 64 examples per worker.
   With N workers, pass --config.batch_size=64*N to keep 64 per worker.
   """
-  config = config_lib.base_config()
+  config = config_lib.classification_config()
   config.data.name = 'mnist'
   config.model.name = 'cnn'
   config.optimizer.name = 'rmsprop'

@@ -1,3 +1,37 @@
-"""ctl: TensorFlow 2 custom training loops, from one CPU to preemptible clusters."""
+"""ctl: TensorFlow 2 custom training loops, from one CPU to preemptible clusters.
+
+What a user's code needs, importable as `ctl.<name>`:
+
+    ctl.Task, ctl.StepContext     the task API (ctl/task.py)
+    ctl.InMemory                  arrays that ctl batches and resumes exactly
+    ctl.Image, ctl.Histogram      eval_end results shown in TensorBoard
+    ctl.base_config()             the framework's config fields (ctl/config.py)
+    ctl.classification_config()   ... and the built-in classifier's
+
+They are imported on first use, so that `python -m ctl.main` reports a bad
+flag before TensorFlow loads.
+"""
+
+import importlib
 
 __version__ = '0.1.0'
+
+_PUBLIC = {
+    'Task': 'ctl.task',
+    'StepContext': 'ctl.task',
+    'InMemory': 'ctl.task',
+    'Image': 'ctl.task',
+    'Histogram': 'ctl.task',
+    'base_config': 'ctl.config',
+    'classification_config': 'ctl.config',
+}
+
+
+def __getattr__(name: str):
+  if name in _PUBLIC:
+    return getattr(importlib.import_module(_PUBLIC[name]), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__():
+  return sorted([*globals(), *_PUBLIC])

@@ -23,8 +23,12 @@ JIT_COMPILES = ('auto', 'off', 'step', 'loop')
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Returns the defaults; every field is documented where it is set."""
+  """The framework's fields, for every task; each documented where it is set."""
   config = ml_collections.ConfigDict()
+  # The task: 'classification' (built in, with classification_config()),
+  # or your own ctl.Task subclass as 'package.module:ClassName', importable
+  # from the current directory or installed (see ctl/task.py).
+  config.task = ''
   # Seeds model initialisation and the order of training examples.
   config.seed = 0
   # Deterministic ops (tf.config.experimental.enable_op_determinism): a run
@@ -33,10 +37,87 @@ def base_config() -> ml_collections.ConfigDict:
   # have no deterministic kernel and then fail.
   config.deterministic = False
   # Warm start: a checkpoint (path prefix, or a workdir) whose model weights
-  # initialise a new run. Only used while the workdir has no checkpoint of
-  # its own; the optimizer and step start afresh.
+  # (the task's Keras models, by attribute name) initialise a new run. Only
+  # used while the workdir has no checkpoint of its own; the optimizer and
+  # step start afresh.
   config.init_from = ''
 
+  # Examples per training step across all replicas and workers.
+  config.batch_size = 64
+  # Examples per evaluation step across all replicas; 0 means batch_size.
+  config.eval_batch_size = 0
+  config.num_epochs = 20
+  # Steps per epoch; 0 means one pass over the training split.
+  config.steps_per_epoch = 0
+  # Stop after this many steps; 0 means num_epochs * steps_per_epoch.
+  config.total_steps = 0
+  # Steps run inside one tf.function call; loops also end at every interval.
+  config.steps_per_loop = 100
+  # What XLA compiles: 'off'; 'step': each training step, optimizer update
+  # included (one replica only); 'loop': the steps_per_loop steps of a loop
+  # as one program (one replica, in-memory data); 'auto': for the built-in
+  # tasks on one CPU replica, 'loop', or 'step' for models with
+  # convolutions; 'off' for your own task's steps, with several replicas,
+  # and on GPUs (see ctl/training/xla.py). A step XLA cannot compile fails
+  # at its first step: set 'off'.
+  config.jit_compile = 'auto'
+
+  # Periodic work; 0 turns an interval off. Each epoch end also logs, writes
+  # summaries and evaluates. A checkpoint is also saved at the end of
+  # training and when SIGTERM stops it.
+  config.intervals = ml_collections.ConfigDict()
+  config.intervals.log_steps = 100
+  config.intervals.summary_steps = 100
+  config.intervals.eval_steps = 0
+  config.intervals.checkpoint_steps = 0
+  config.intervals.checkpoint_epochs = 0  # 1: at the end of every epoch.
+  # Save when this many seconds passed since the last save (checked after
+  # each loop of steps_per_loop steps). A SIGKILL loses at most one interval
+  # of work; a save costs training about 2 ms plus a background write.
+  config.intervals.checkpoint_secs = 600.0
+  config.intervals.keep_checkpoints = 3
+  # Write checkpoint files on a background thread (the chief's): training
+  # waits only while the variables are copied. Crash safety is the same.
+  config.intervals.async_checkpoint = True
+
+  # A TensorBoard profiler trace of num_steps steps from start_step (the
+  # chief's, in workdir/train); 0 steps: none.
+  config.profile = ml_collections.ConfigDict()
+  config.profile.start_step = 0
+  config.profile.num_steps = 0
+
+  config.distribution = ml_collections.ConfigDict()
+  # 'auto' picks multi_worker when the cluster resolver describes a
+  # cluster, mirrored with several GPUs, one_device with one GPU, and
+  # otherwise 'default' (TensorFlow's default strategy, no distribution
+  # overhead).
+  config.distribution.strategy = 'auto'
+  # Where the cluster comes from: 'tf_config' reads the TF_CONFIG variable.
+  config.distribution.cluster_resolver = 'tf_config'
+  # Cross-worker all-reduce: 'AUTO', 'RING' or 'NCCL'.
+  config.distribution.collective = 'AUTO'
+  # Seconds a collective may wait for a peer before the job fails (exit
+  # code 43), so that a dead or hung worker never blocks the others
+  # forever; 0 waits forever. Must exceed the longest checkpoint save and
+  # the first step's tracing.
+  config.distribution.timeout_seconds = 600.0
+  # Seconds a worker waits at start-up for every task of the cluster to
+  # join; after that it exits with code 43 naming the tasks that did not
+  # arrive (a scheduler or ctl.launch restarts it). 0 waits forever.
+  config.distribution.startup_timeout_seconds = 300.0
+  # Gradients are all-reduced in this dtype: 'float32', or 'bfloat16' /
+  # 'float16' to halve the bytes sent (at some precision).
+  config.distribution.all_reduce_dtype = 'float32'
+  # Gradient packing: all-reduce gradients in packs of about this many
+  # bytes; 0 lets TensorFlow decide.
+  config.distribution.bytes_per_pack = 0
+  return config
+
+
+def classification_config() -> ml_collections.ConfigDict:
+  """base_config() and the built-in classification task's fields."""
+  config = base_config()
+  config.task = 'classification'
   config.data = ml_collections.ConfigDict()
   # 'digits', 'mnist', or 'package.module:function' (see ctl/datasets.py).
   config.data.name = 'digits'
@@ -73,74 +154,19 @@ def base_config() -> ml_collections.ConfigDict:
   config.optimizer.end_learning_rate_factor = 0.0
   config.optimizer.momentum = 0.0  # sgd and rmsprop only.
   config.optimizer.weight_decay = 0.0  # Decoupled weight decay; 0 is off.
-
-  # Examples per training step across all replicas and workers.
-  config.batch_size = 64
-  # Examples per evaluation step across all replicas; 0 means batch_size.
-  config.eval_batch_size = 0
-  config.num_epochs = 20
-  # Steps per epoch; 0 means one pass over the training split.
-  config.steps_per_epoch = 0
-  # Stop after this many steps; 0 means num_epochs * steps_per_epoch.
-  config.total_steps = 0
-  # Steps run inside one tf.function call; loops also end at every interval.
-  config.steps_per_loop = 100
-  # What XLA compiles: 'off'; 'step': each training step, optimizer update
-  # included (with several replicas, each replica's forward and backward
-  # pass only); 'loop': the steps_per_loop steps of a loop as one program
-  # (one replica only); 'auto': 'loop' on one CPU replica, 'step' there for
-  # models with convolutions, else 'off' (see steps.resolve_jit_compile).
-  # A model XLA cannot compile fails at its first step: set 'off'.
-  config.jit_compile = 'auto'
-
-  # Periodic work; 0 turns an interval off. Each epoch end also logs, writes
-  # summaries and evaluates. A checkpoint is also saved at the end of
-  # training and when SIGTERM stops it.
-  config.intervals = ml_collections.ConfigDict()
-  config.intervals.log_steps = 100
-  config.intervals.summary_steps = 100
-  config.intervals.eval_steps = 0
-  config.intervals.checkpoint_steps = 0
-  config.intervals.checkpoint_epochs = 0  # 1: at the end of every epoch.
-  # Save when this many seconds passed since the last save (checked after
-  # each loop of steps_per_loop steps). A SIGKILL loses at most one interval
-  # of work; a save costs training about 2 ms plus a background write.
-  config.intervals.checkpoint_secs = 600.0
-  config.intervals.keep_checkpoints = 3
-  # Write checkpoint files on a background thread (the chief's): training
-  # waits only while the variables are copied. Crash safety is the same.
-  config.intervals.async_checkpoint = True
-
-  config.distribution = ml_collections.ConfigDict()
-  # 'auto' picks multi_worker when the cluster resolver describes a
-  # cluster, mirrored with several GPUs, one_device with one GPU, and
-  # otherwise 'default' (TensorFlow's default strategy, no distribution
-  # overhead).
-  config.distribution.strategy = 'auto'
-  # Where the cluster comes from: 'tf_config' reads the TF_CONFIG variable.
-  config.distribution.cluster_resolver = 'tf_config'
-  # Cross-worker all-reduce: 'AUTO', 'RING' or 'NCCL'.
-  config.distribution.collective = 'AUTO'
-  # Seconds a collective may wait for a peer before the job fails (exit
-  # code 43), so that a dead or hung worker never blocks the others
-  # forever; 0 waits forever. Must exceed the longest checkpoint save and
-  # the first step's tracing.
-  config.distribution.timeout_seconds = 600.0
-  # Seconds a worker waits at start-up for every task of the cluster to
-  # join; after that it exits with code 43 naming the tasks that did not
-  # arrive (a scheduler or ctl.launch restarts it). 0 waits forever.
-  config.distribution.startup_timeout_seconds = 300.0
-  # Gradients are all-reduced in this dtype: 'float32', or 'bfloat16' /
-  # 'float16' to halve the bytes sent (at some precision).
-  config.distribution.all_reduce_dtype = 'float32'
-  # Gradient packing: all-reduce gradients in packs of about this many
-  # bytes; 0 lets TensorFlow decide.
-  config.distribution.bytes_per_pack = 0
   return config
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError naming the first field that cannot work."""
+  """Raises ConfigError naming the first field that cannot work.
+
+  Fields a task's config does not have (a task of your own needs no
+  `model` section) are not checked.
+  """
+  if not config.task:
+    raise errors.ConfigError(
+        "Set config.task: 'classification', or your own ctl.Task subclass as "
+        "'package.module:ClassName'.")
   _check_choice(config, 'distribution.strategy', STRATEGIES)
   _check_choice(config, 'distribution.cluster_resolver', CLUSTER_RESOLVERS)
   _check_choice(config, 'distribution.collective', COLLECTIVES)
@@ -156,7 +182,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
               'intervals.checkpoint_steps', 'intervals.checkpoint_epochs',
               'intervals.checkpoint_secs', 'distribution.bytes_per_pack',
               'distribution.timeout_seconds',
-              'distribution.startup_timeout_seconds'):
+              'distribution.startup_timeout_seconds', 'profile.start_step',
+              'profile.num_steps'):
     _check(config, key, lambda value: value >= 0, 'must not be negative')
   _check(config, 'optimizer.learning_rate', lambda value: value > 0,
          'must be positive')
@@ -269,16 +296,21 @@ def leaves(tree: dict, prefix: str = '') -> dict:
 
 
 def _get(config: ml_collections.ConfigDict, dotted_key: str):
-  """Returns config.a.b for dotted_key 'a.b'."""
+  """Returns config.a.b for dotted_key 'a.b'; _MISSING if it has none."""
   value = config
   for part in dotted_key.split('.'):
+    if part not in value:
+      return _MISSING
     value = value[part]
   return value
 
 
+_MISSING = object()
+
+
 def _check(config, key, is_valid, requirement):
   value = _get(config, key)
-  if not is_valid(value):
+  if value is not _MISSING and not is_valid(value):
     raise errors.ConfigError(f'config.{key}={value!r} {requirement}.')
 
 

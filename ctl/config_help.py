@@ -1,4 +1,4 @@
-"""Prints a resolved config with each field's comment from `base_config()`.
+"""Prints a resolved config with each field's comment from ctl/config.py.
 
 `python -m ctl.main --config=configs/digits.py --print_config` shows every
 field a run would use, what it means, and where it differs from the
@@ -19,8 +19,10 @@ _ASSIGNMENT = re.compile(r'\s*config((?:\.\w+)+)\s*=')
 
 
 def field_comments() -> dict[str, str]:
-  """{'optimizer.learning_rate': 'Peak learning rate.', ...} from base_config."""
-  source = inspect.getsource(config_lib.base_config)
+  """{'optimizer.learning_rate': 'Peak learning rate.', ...} from the source
+  of ctl/config.py's config functions."""
+  source = ''.join(inspect.getsource(function) for function in (
+      config_lib.base_config, config_lib.classification_config))
   trailing = _trailing_comments(source)
   comments, pending = {}, []
   for number, line in enumerate(source.splitlines(), start=1):
@@ -50,7 +52,7 @@ def _trailing_comments(source: str) -> dict[int, str]:
 def describe(config: ml_collections.ConfigDict) -> str:
   """The config as `key = value` lines, each under its comment."""
   comments = field_comments()
-  defaults = config_lib.leaves(config_lib.base_config().to_dict())
+  defaults = config_lib.leaves(config_lib.classification_config().to_dict())
   lines, sections_seen = [], set()
   for key, value in config_lib.leaves(config.to_dict()).items():
     section = key.rpartition('.')[0]
@@ -63,7 +65,7 @@ def describe(config: ml_collections.ConfigDict) -> str:
     if key in defaults and defaults[key] != value:
       line += f'  # default: {defaults[key]!r}'
     elif key not in defaults:
-      line += '  # not in base_config(): set by this config file'
+      line += '  # set by this config file'
     lines.append(line)
   return '\n'.join(lines)
 

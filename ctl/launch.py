@@ -35,7 +35,7 @@ from absl import app
 from absl import flags
 
 from ctl import errors
-from ctl import subprocesses
+from ctl.runtime import subprocesses
 
 _NUM_WORKERS = flags.DEFINE_integer('num_workers', 2, 'Workers to start.',
                                     lower_bound=1)

@@ -20,7 +20,7 @@ from absl import logging
 from ctl import config as config_lib
 from ctl import config_help
 from ctl import errors
-from ctl import tf_process
+from ctl.runtime import tf_process
 
 _CONFIG = config_lib.define_config_flag()
 flags.declare_key_flag('config')  # Listed by --help, not only --helpfull.
@@ -44,11 +44,11 @@ def main(argv: list[str]) -> None:
                 'summaries and results.')
   logging.get_absl_handler().addFilter(_drop_tensorflow_info)
   tf_process.remove_autograph_bytecode_at_exit()
-  tf_process.import_quietly()
+  tf_process.import_tensorflow()
   # Imported here so that flag errors are reported before TensorFlow loads.
-  from ctl import train  # pylint: disable=g-import-not-at-top
+  from ctl.training import run  # pylint: disable=g-import-not-at-top
   try:
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    run.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except errors.CtlError as error:
     if error.exit_code == errors.EXIT_PREEMPTED:
       logging.warning('%s', error)
@@ -68,8 +68,10 @@ def _drop_tensorflow_info(record) -> bool:
 def parse_flags(argv: list[str]) -> list[str]:
   """Parses flags; on any flag or config error, says which and exits 2."""
   try:
-    remaining = flags.FLAGS(argv)
-    _CONFIG.value.keys()  # A config file that failed to load raises when read.
+    # A task's config file may import TensorFlow: quietly, then.
+    with tf_process.quiet_start_up():
+      remaining = flags.FLAGS(argv)
+      _CONFIG.value.keys()  # A config file that failed to load raises here.
   except Exception as error:  # pylint: disable=broad-except
     _exit_usage(config_lib.explain_flag_error(error, argv))
   return remaining

@@ -30,9 +30,9 @@ from absl import app
 from absl import flags
 
 from ctl import errors
-from ctl import subprocesses
-from ctl import trials as trials_lib
-from ctl import workdir as workdir_lib
+from ctl.runtime import subprocesses
+from ctl.sweeps import trials as trials_lib
+from ctl.runtime import workdir as workdir_lib
 
 _SWEEP = flags.DEFINE_string('sweep', None,
                              'Sweep file defining get_sweep(), e.g. '
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
   stopped = _Runner(trials, _PARALLEL.value).run()
   # Imported late: TensorFlow and matplotlib are slow to import, and a bad
   # sweep should fail fast.
-  from ctl import sweep_report  # pylint: disable=g-import-not-at-top
+  from ctl.sweeps import report as sweep_report  # pylint: disable=g-import-not-at-top
   report = sweep_report.write(sweep, trials, _WORKDIR.value)
   print(report.summary)
   if stopped:

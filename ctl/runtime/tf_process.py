@@ -3,8 +3,8 @@
 - TensorFlow's start-up prints a dozen lines before its logging is set up
   (oneDNN, CUDA stubs, CPU instructions, twice), and an error-level "failed
   call to cuInit" on every machine without a GPU. None of it is actionable,
-  so `import_quietly` hides exactly those lines and keeps everything else.
-  Setting TF_CPP_MIN_LOG_LEVEL yourself (0 shows everything) turns this off.
+  so `quiet_start_up` hides exactly those lines and keeps everything else.
+  TF_CPP_MIN_LOG_LEVEL=0 shows everything.
 - AutoGraph writes each converted function to a temporary `.py` file and
   deletes it at exit, but not the bytecode Python cached beside it
   (`$TMPDIR/__pycache__/__autograph_generated_file*.pyc`), which piled up on
@@ -15,6 +15,7 @@
 """
 
 import atexit
+import contextlib
 import glob
 import os
 import sys
@@ -35,18 +36,18 @@ _NOISE = (
 )
 
 
-def import_quietly() -> None:
-  """Imports TensorFlow and Keras, and finds the devices, without the noise.
+@contextlib.contextmanager
+def quiet_start_up():
+  """Within it, TensorFlow's start-up lines are hidden from stderr.
 
-  TensorFlow's own INFO logs are hidden from then on (warnings and errors
-  are kept) unless TF_CPP_MIN_LOG_LEVEL is set. The start-up lines are
-  printed before that setting is read, so they are captured from the
-  process's stderr (file descriptor 2) and everything but `_NOISE` is
-  printed again.
+  Unless TF_CPP_MIN_LOG_LEVEL is set to something else than 1, sets it to 1
+  (TensorFlow's INFO logs hidden, warnings and errors kept), captures what
+  is written to the process's stderr (file descriptor 2: the lines come
+  from C++ before that setting is read) and prints it again without
+  `_NOISE`.
   """
-  if 'TF_CPP_MIN_LOG_LEVEL' in os.environ:  # The user asked for a level.
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.config.list_physical_devices()
+  if os.environ.get('TF_CPP_MIN_LOG_LEVEL', '1') != '1':
+    yield  # The user asked for a level: show everything.
     return
   os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'
   sys.stderr.flush()
@@ -54,11 +55,9 @@ def import_quietly() -> None:
   with tempfile.TemporaryFile(mode='w+b') as captured:
     os.dup2(captured.fileno(), 2)
     try:
-      import keras  # pylint: disable=g-import-not-at-top,unused-import
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      # Finding the devices is when CUDA reports that there is no GPU.
-      tf.config.list_physical_devices()
+      yield
     finally:
+      sys.stderr.flush()
       os.dup2(saved_stderr, 2)
       os.close(saved_stderr)
       captured.seek(0)
@@ -66,6 +65,15 @@ def import_quietly() -> None:
               .splitlines(keepends=True)
               if not any(noise in line for noise in _NOISE)]
       sys.stderr.write(''.join(kept))
+
+
+def import_tensorflow() -> None:
+  """Imports TensorFlow and Keras and finds the devices, quietly."""
+  with quiet_start_up():
+    import keras  # pylint: disable=g-import-not-at-top,unused-import
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    # Finding the devices is when CUDA reports that there is no GPU.
+    tf.config.list_physical_devices()
 
 
 def remove_autograph_bytecode_at_exit() -> None:
@@ -98,8 +106,9 @@ def exit_now(code: int) -> None:
   The caller must have closed every summary writer and waited for every
   checkpoint (train_and_evaluate has, when it returns or raises).
   """
+  from ctl.runtime import tf_internals  # pylint: disable=g-import-not-at-top
   # atexit handlers still run: AutoGraph deletes its temporary files there.
-  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  tf_internals.run_exit_handlers()
   logging.flush()
   sys.stdout.flush()
   sys.stderr.flush()

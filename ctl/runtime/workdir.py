@@ -2,6 +2,7 @@
 
     workdir/config.json        the resolved config (config.<time>.json: earlier ones)
     workdir/checkpoints/       tf.train.CheckpointManager's ckpt-<step> files
+    workdir/checkpoints/data/<worker>/   each worker's data position, per step
     workdir/train/, eval/      TensorBoard events
     workdir/results.json       final metrics, written when training finishes
 """
@@ -22,6 +23,10 @@ RESULTS_FILE = 'results.json'
 
 def checkpoint_dir(workdir: str) -> str:
   return os.path.join(workdir, 'checkpoints')
+
+
+def data_position_dir(workdir: str) -> str:
+  return os.path.join(checkpoint_dir(workdir), 'data')
 
 
 def summary_dir(workdir: str, phase: str) -> str:

@@ -21,23 +21,6 @@ import keras
 import tensorflow as tf
 
 from ctl import errors
-from ctl import steps as steps_lib
-
-
-def training_checkpoint(model: keras.Model,
-                        optimizer: keras.optimizers.Optimizer,
-                        state: steps_lib.TrainState) -> tf.train.Checkpoint:
-  """Everything a run needs to continue exactly where it stopped.
-
-  Keras 3 keeps the state of random layers (Dropout's seed generator) in
-  variables that tf.train.Checkpoint does not find through the model; they
-  are added explicitly so that a resumed run draws the same random numbers.
-  """
-  weights = {id(weight) for weight in model.weights}
-  rng_states = [v for v in model.variables if id(v) not in weights]
-  return tf.train.Checkpoint(model=model, optimizer=optimizer, rng=rng_states,
-                             step=state.step, epoch=state.epoch,
-                             step_in_epoch=state.step_in_epoch)
 
 
 class Checkpointer:
@@ -47,6 +30,7 @@ class Checkpointer:
   then costs training only the copy of the variables (1.8 ms instead of 19
   ms for a small MLP, 42 ms for the tutorials' CNN, BENCHMARKS.md). Other
   workers always save synchronously: their scratch copy is deleted at once.
+  Every checkpoint's number is its step.
   Call `wait()` before the process ends.
   """
 
@@ -58,7 +42,8 @@ class Checkpointer:
     self._last_saved_step = None
     self._options = None
     if async_save and is_chief:
-      _fix_keras_async_checkpoint_copy()
+      # Needs tf_internals.fix_keras_async_checkpoint_copy (applied at
+      # start-up) for Keras 3 variables.
       self._options = tf.train.CheckpointOptions(enable_async=True)
     _check_state_file(directory)
     # Every worker reads the chief's checkpoints; creating a manager writes
@@ -157,29 +142,6 @@ class Checkpointer:
       self._checkpoint.sync()
 
 
-def _fix_keras_async_checkpoint_copy() -> None:
-  """Lets TensorFlow's async checkpointing copy Keras 3 variables.
-
-  keras.src.backend.tensorflow.core.Variable._copy_trackable_to_cpu creates a
-  new tf.Variable on every save, which the tf.function doing the copy
-  refuses from the second save on ("tf.function only supports singleton
-  tf.Variables created on the first call"; Keras 3.15). The CPU copy that
-  TensorFlow already makes of the wrapped tf.Variable serves as the Keras
-  variable's copy: both save the same tensors. Idempotent.
-  """
-  from keras.src.backend.tensorflow import core as keras_tf_core  # pylint: disable=g-import-not-at-top
-  variable_class = keras_tf_core.Variable
-  if getattr(variable_class._copy_trackable_to_cpu, 'ctl_fixed', False):  # pylint: disable=protected-access
-    return
-
-  def copy_trackable_to_cpu(self, object_map):
-    self.value._copy_trackable_to_cpu(object_map)  # pylint: disable=protected-access
-    object_map[self] = object_map[self.value]
-
-  copy_trackable_to_cpu.ctl_fixed = True
-  variable_class._copy_trackable_to_cpu = copy_trackable_to_cpu  # pylint: disable=protected-access
-
-
 def _check_state_file(directory: str) -> None:
   """Fails if the state file naming the checkpoints exists but is unreadable.
 
@@ -201,26 +163,30 @@ def _check_state_file(directory: str) -> None:
         'untouched: repair or remove it, or train in a new --workdir.')
 
 
-def warm_start(model: keras.Model, source: str) -> str:
+def warm_start(models: dict[str, keras.Model], source: str) -> str:
   """Loads model weights (nothing else) from a checkpoint or a workdir.
 
   Args:
-    model: the freshly built model.
+    models: the task's freshly built Keras models by attribute name, as the
+      source's task named them.
     source: a checkpoint path prefix, a checkpoint directory, or a workdir.
 
   Returns:
     The checkpoint path read.
 
   Raises:
-    CtlError: when no checkpoint is found or it does not fit the model.
+    CtlError: when no checkpoint is found or it does not fit the models.
   """
   path = source
   for directory in (source, os.path.join(source, 'checkpoints')):
     if tf.io.gfile.isdir(directory) and tf.train.latest_checkpoint(directory):
       path = tf.train.latest_checkpoint(directory)
       break
+  holder = tf.Module()
+  for name, model in models.items():
+    setattr(holder, name, model)
   try:
-    status = tf.train.Checkpoint(model=model).read(path)
+    status = tf.train.Checkpoint(task=holder).read(path)
     status.expect_partial().assert_existing_objects_matched()
   except Exception as error:  # pylint: disable=broad-except
     raise errors.CtlError(
@@ -233,3 +199,55 @@ def warm_start(model: keras.Model, source: str) -> str:
 def _summary(error: Exception, max_chars: int = 600) -> str:
   text = str(error).strip() or type(error).__name__
   return text if len(text) <= max_chars else text[:max_chars] + ' ...'
+
+
+class DataPositions:
+  """Each worker's data position (its tf.data iterator), saved per step.
+
+  The chief's checkpoint cannot hold the other workers' iterators, so every
+  worker writes its own, `<directory>/<worker>/ckpt-<step>`, before the
+  checkpoint of the same step, and keeps as many as the checkpoints.
+  """
+
+  def __init__(self, trackables: dict, directory: str, worker: str,
+               max_to_keep: int):
+    self._checkpoint = tf.train.Checkpoint(**trackables)
+    self._directory = os.path.join(directory, worker)
+    self._max_to_keep = max_to_keep
+    self.enabled = bool(trackables)
+
+  def _prefix(self, step: int) -> str:
+    return os.path.join(self._directory, f'ckpt-{step}')
+
+  def save(self, step: int) -> None:
+    if not self.enabled:
+      return
+    self._checkpoint.write(self._prefix(step))
+    steps = sorted(int(name.split('-')[1].split('.')[0]) for name in
+                   tf.io.gfile.listdir(self._directory)
+                   if name.startswith('ckpt-') and name.endswith('.index'))
+    for old in steps[:-self._max_to_keep]:
+      for path in tf.io.gfile.glob(self._prefix(old) + '.*'):
+        tf.io.gfile.remove(path)
+
+  def restore(self, step: int) -> None:
+    """Restores this worker's position at `step`.
+
+    Raises:
+      CtlError: when it is missing or does not fit the pipeline.
+    """
+    if not self.enabled:
+      return
+    prefix = self._prefix(step)
+    if not tf.io.gfile.exists(prefix + '.index'):
+      raise errors.CtlError(
+          f'The data position of step {step} is missing ({prefix}): the '
+          'checkpoint cannot resume the data exactly. Train in a new '
+          '--workdir, or restore the file.')
+    try:
+      self._checkpoint.read(prefix).assert_consumed()
+    except Exception as error:  # pylint: disable=broad-except
+      raise errors.CtlError(
+          f'The data position {prefix} does not fit this task\'s input '
+          f'pipeline: {_summary(error)}. Resume with the pipeline that wrote '
+          'it, or train in a new --workdir.') from error

@@ -17,7 +17,7 @@ from typing import Any
 from ctl import config as config_lib
 from ctl import errors
 from ctl import hyper
-from ctl import workdir as workdir_lib
+from ctl.runtime import workdir as workdir_lib
 
 _MAX_NAME_CHARS = 80
 

@@ -1,0 +1,1 @@
+"""Benchmarks of ctl against a hand-written loop, Keras fit and the tutorial code (not installed)."""

@@ -1,0 +1,1 @@
+"""Input data: in-memory arrays, tf.data pipelines, and the built-in datasets."""

@@ -1,0 +1,154 @@
+"""Examples held in memory, batched by ctl: a pure function of (seed, step).
+
+`InMemory` holds any nest (tuple, dict) of NumPy arrays with one row per
+example. For training, every input pipeline (one per worker) computes the
+same sequence of global batches of example indices and keeps its replicas'
+share of each. Hence:
+- a run resumed at step S starts the data at step S, no state saved: no
+  example repeated or skipped;
+- the global batches do not depend on how many workers or replicas share
+  them, so one worker and two train on the same examples.
+
+Epoch e uses fresh permutations of the examples seeded by (seed, e), cut
+into global batches. The pipeline yields one element per loop of steps
+(the indices of all its steps), and each step gathers its batch from the
+arrays held as tensors: each element tf.data hands over costs tens of
+microseconds on a CPU (BENCHMARKS.md, "Fixed costs").
+"""
+
+from collections.abc import Callable, Sequence
+import itertools
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from ctl import errors
+
+
+class InMemory:
+  """A nest of arrays with one row per example, and how to finish a batch.
+
+  Args:
+    arrays: e.g. `(images, labels)` or `{'tokens': ..., 'label': ...}`.
+    preprocess: applied to each gathered batch inside the step (e.g. uint8
+      images to scaled floats, so that the arrays stay small in memory).
+  """
+
+  def __init__(self, arrays: Any,
+               preprocess: Callable[[Any], Any] | None = None):
+    self.arrays = tf.nest.map_structure(np.asarray, arrays)
+    self.preprocess = preprocess
+    lengths = {len(array) for array in tf.nest.flatten(self.arrays)}
+    if len(lengths) != 1:
+      raise errors.CtlError(
+          f'ctl.InMemory: the arrays have different numbers of rows '
+          f'({sorted(lengths)}); each must have one row per example.')
+    (self._length,) = lengths
+    if not self._length:
+      raise errors.CtlError('ctl.InMemory: no examples.')
+    self._tensors = None
+
+  def __len__(self) -> int:
+    return self._length
+
+  def materialize(self) -> None:
+    """Holds the arrays as tensors on the CPU; call eagerly, before tracing.
+
+    On the CPU: a step on an accelerator then receives only its batch.
+    """
+    if self._tensors is None:
+      with tf.device('/cpu:0'):
+        self._tensors = tf.nest.map_structure(tf.constant, self.arrays)
+
+  def gather(self, rows: tf.Tensor) -> Any:
+    """The batch of examples at indices `rows`, preprocessed."""
+    self.materialize()
+    with tf.device('/cpu:0'):
+      batch = tf.nest.map_structure(lambda t: tf.gather(t, rows),
+                                    self._tensors)
+    return self.preprocess(batch) if self.preprocess else batch
+
+  def eval_dataset(self, context: tf.distribute.InputContext,
+                   global_batch_size: int) -> tf.data.Dataset:
+    """One pass over the examples as this pipeline's per-replica batches.
+
+    Each pipeline takes every num_input_pipelines-th example; the last
+    batches may be partial (tf.distribute gives replicas without data an
+    empty batch, and ctl weighs results by examples).
+    """
+    per_replica = context.get_per_replica_batch_size(global_batch_size)
+    dataset = tf.data.Dataset.from_tensor_slices(self.arrays)
+    if context.num_input_pipelines > 1:
+      dataset = dataset.shard(context.num_input_pipelines,
+                              context.input_pipeline_id)
+    dataset = dataset.batch(per_replica)
+    if self.preprocess:
+      # tf.data passes a tuple's parts as separate arguments.
+      dataset = dataset.map(plain(lambda *parts: self.preprocess(
+          parts if len(parts) > 1 else parts[0])))
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
+                 steps_per_epoch: int, loops: Sequence[tuple[int, int]],
+                 context: tf.distribute.InputContext) -> tf.data.Dataset:
+  """Yields, per loop, the example indices of each of its steps.
+
+  Args:
+    num_examples: how many examples there are.
+    seed: decides the order of examples.
+    global_batch_size: examples per step across all replicas.
+    steps_per_epoch: steps per epoch.
+    loops: the (first step, end step) of each loop, in order; none may cross
+      an epoch's end.
+    context: this input pipeline's place among the replicas.
+
+  Returns:
+    For each loop, one element per local replica: int32 indices of shape
+    [steps in the loop, per-replica batch size].
+  """
+  per_replica = context.get_per_replica_batch_size(global_batch_size)
+  local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+  share_start = context.input_pipeline_id * local_replicas * per_replica
+  share_size = local_replicas * per_replica
+  passes_per_epoch = -(-steps_per_epoch * global_batch_size // num_examples)
+
+  # The loops of each epoch, as offsets of steps within it.
+  by_epoch = [(epoch, [(start - epoch * steps_per_epoch,
+                        end - epoch * steps_per_epoch) for start, end in group])
+              for epoch, group in itertools.groupby(
+                  loops, key=lambda loop: loop[0] // steps_per_epoch)]
+  epochs = tf.constant([epoch for epoch, _ in by_epoch], tf.int64)
+  bounds = tf.ragged.constant([ranges for _, ranges in by_epoch],
+                              inner_shape=(2,), dtype=tf.int64)
+
+  def epoch_chunks(position):
+    epoch = epochs[position]
+    orders = [
+        tf.random.experimental.stateless_shuffle(
+            tf.range(num_examples),
+            seed=tf.stack([tf.constant(seed, tf.int64),
+                           epoch * passes_per_epoch + one_pass]))
+        for one_pass in range(passes_per_epoch)
+    ]
+    order = tf.concat(orders, axis=0)[:steps_per_epoch * global_batch_size]
+    shares = tf.reshape(order, [steps_per_epoch, global_batch_size])[
+        :, share_start:share_start + share_size]
+    return tf.data.Dataset.from_tensor_slices(bounds[position]).map(
+        plain(lambda bound: shares[bound[0]:bound[1]]))
+
+  chunks = tf.data.Dataset.range(len(by_epoch)).flat_map(plain(epoch_chunks))
+  if local_replicas > 1:
+    # A pipeline feeds its local replicas consecutive elements: replica r
+    # gets columns [r * b, (r + 1) * b) of the share.
+    chunks = chunks.map(plain(lambda rows: tf.transpose(
+        tf.reshape(rows, [-1, local_replicas, per_replica]), [1, 0, 2])))
+    chunks = chunks.unbatch()
+  return chunks.prefetch(2)
+
+
+def plain(function):
+  """Marks a tf.data function as needing no AutoGraph conversion (it costs
+  tens of milliseconds of start-up per function)."""
+  return tf.autograph.experimental.do_not_convert(function)

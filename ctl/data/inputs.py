@@ -1,0 +1,132 @@
+"""A task's training data as the step loop reads it, and its saved position.
+
+Two kinds, one interface (used inside ctl's tf.functions):
+- `InMemoryInput`: ctl.InMemory arrays. The position is the step: the
+  pipeline yields each loop's example indices, a pure function of (seed,
+  step), and each replica gathers its batch.
+- `DatasetInput`: a task's own tf.data.Dataset of per-replica batches, any
+  structure. Each worker reads its dataset through a plain iterator, whose
+  state is checkpointed: the iterators of `distribute_datasets_from_function`
+  cannot be (TensorFlow issue 56372), a plain one can (TF_NOTES.md). The
+  worker hands consecutive elements to its local replicas, as
+  `distribute_datasets_from_function` does.
+
+Per loop: `loop_value(iterator, num_steps)` once, then for step i
+`step_value(loop_value, i)` in cross-replica context and
+`replica_batch(step_value, i)` on each replica.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from ctl import errors
+from ctl.data import in_memory
+
+
+class InMemoryInput:
+  """Batches gathered from arrays, in an order decided by (seed, step)."""
+
+  checkpointable = {}  # The step is the position: nothing else to save.
+
+  def __init__(self, strategy: tf.distribute.Strategy,
+               data: in_memory.InMemory, *, seed: int, global_batch_size: int,
+               steps_per_epoch: int, pad_loops_to: int | None = None):
+    """Args as named; pad_loops_to: steps_per_loop when a whole loop is
+    one XLA program (its input then has one shape)."""
+    self._strategy = strategy
+    self._data = data
+    self._seed = seed
+    self._global_batch_size = global_batch_size
+    self._steps_per_epoch = steps_per_epoch
+    self._pad_loops_to = pad_loops_to
+    data.materialize()
+
+  def make_iterator(self, loops: Sequence[tuple[int, int]]):
+    """The iterator over the given loops' (first step, end step)."""
+    return iter(self._strategy.distribute_datasets_from_function(
+        lambda context: in_memory.train_chunks(
+            len(self._data), seed=self._seed,
+            global_batch_size=self._global_batch_size,
+            steps_per_epoch=self._steps_per_epoch, loops=loops,
+            context=context)))
+
+  def loop_value(self, iterator, num_steps: tf.Tensor):
+    rows = next(iterator)
+    if self._pad_loops_to:  # One replica: rows is a tensor.
+      rows = tf.pad(rows, [[0, self._pad_loops_to - num_steps], [0, 0]])
+    return rows
+
+  def step_value(self, loop_value, step_in_loop: tf.Tensor):
+    del step_in_loop
+    return loop_value
+
+  def replica_batch(self, rows: tf.Tensor, step_in_loop: tf.Tensor) -> Any:
+    return self._data.gather(rows[step_in_loop])
+
+
+class DatasetInput:
+  """Per-replica batches from each worker's own tf.data.Dataset."""
+
+  def __init__(self, strategy: tf.distribute.Strategy,
+               dataset: tf.data.Dataset, num_local_replicas: int):
+    self._strategy = strategy
+    self._num_local_replicas = num_local_replicas
+    with tf.device('/cpu:0'):
+      self._iterator = iter(dataset.repeat() if _is_finite(dataset)
+                            else dataset)
+    self.checkpointable = {'iterator': self._iterator}
+
+  def make_iterator(self, loops: Sequence[tuple[int, int]]):
+    del loops  # The iterator's own state is the position.
+    return self._iterator
+
+  def loop_value(self, iterator, num_steps: tf.Tensor):
+    del iterator, num_steps
+    return None
+
+  def step_value(self, loop_value, step_in_loop: tf.Tensor):
+    del loop_value, step_in_loop
+    elements = [next(self._iterator) for _ in range(self._num_local_replicas)]
+    if self._num_local_replicas == 1:
+      return elements[0]
+    return self._strategy.experimental_distribute_values_from_function(
+        lambda context: elements[
+            context.replica_id_in_sync_group % self._num_local_replicas])
+
+  def replica_batch(self, batch: Any, step_in_loop: tf.Tensor) -> Any:
+    del step_in_loop
+    return batch
+
+
+def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int) -> int:
+  """config.steps_per_epoch, or else one pass of a finite dataset.
+
+  Raises:
+    ConfigError: for an endless or unknown-length dataset without
+      config.steps_per_epoch.
+  """
+  if configured:
+    return configured
+  cardinality = int(dataset.cardinality())
+  if cardinality > 0:
+    return cardinality
+  kind = ('endless' if cardinality == tf.data.INFINITE_CARDINALITY
+          else 'of unknown length')
+  raise errors.ConfigError(
+      f'The task\'s training dataset is {kind}, so ctl cannot tell how many '
+      'steps an epoch has: set config.steps_per_epoch (or num_epochs with a '
+      'dataset of known length, or total_steps).')
+
+
+def _is_finite(dataset: tf.data.Dataset) -> bool:
+  return int(dataset.cardinality()) != tf.data.INFINITE_CARDINALITY
+
+
+def input_context(strategy: tf.distribute.Strategy, worker_index: int,
+                  num_workers: int) -> tf.distribute.InputContext:
+  """This worker's InputContext: one input pipeline per worker."""
+  return tf.distribute.InputContext(
+      num_input_pipelines=num_workers, input_pipeline_id=worker_index,
+      num_replicas_in_sync=strategy.num_replicas_in_sync)

@@ -1,0 +1,1 @@
+"""What runs around training: strategy, cluster, checkpoints, preemption, summaries, the workdir, the process."""

@@ -1,0 +1,87 @@
+"""Every private TensorFlow, Keras or Python API ctl uses, in one place.
+
+Each was checked on TensorFlow 2.21, Keras 3.15 and Python 3.11, and each is
+covered by tests/runtime/test_tf_internals.py, which fails when the upstream
+behaviour it relies on or works around changes. Nothing here is applied
+as a side effect of importing or constructing something: `apply_fixes()` is
+called once at start-up (ctl.training.run), the rest where named.
+"""
+
+import atexit
+import contextlib
+
+import keras
+import tensorflow as tf
+
+
+def apply_fixes() -> None:
+  """Applies the process-wide fixes below; idempotent."""
+  fix_keras_async_checkpoint_copy()
+
+
+def fix_keras_async_checkpoint_copy() -> None:
+  """Lets TensorFlow's async checkpointing copy Keras 3 variables.
+
+  keras.src.backend.tensorflow.core.Variable._copy_trackable_to_cpu creates a
+  new tf.Variable on every save, which the tf.function doing the copy
+  refuses from the second save on ("tf.function only supports singleton
+  tf.Variables created on the first call"; Keras 3.15). The CPU copy that
+  TensorFlow already makes of the wrapped tf.Variable serves as the Keras
+  variable's copy: both save the same tensors.
+  """
+  from keras.src.backend.tensorflow import core as keras_tf_core  # pylint: disable=g-import-not-at-top
+  variable_class = keras_tf_core.Variable
+  if getattr(variable_class._copy_trackable_to_cpu, 'ctl_fixed', False):  # pylint: disable=protected-access
+    return
+
+  def copy_trackable_to_cpu(self, object_map):
+    self.value._copy_trackable_to_cpu(object_map)  # pylint: disable=protected-access
+    object_map[self] = object_map[self.value]
+
+  copy_trackable_to_cpu.ctl_fixed = True
+  variable_class._copy_trackable_to_cpu = copy_trackable_to_cpu  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def keras_gradients_already_reduced(optimizer: keras.optimizers.Optimizer):
+  """Within it, `optimizer.apply_gradients` applies gradients as given.
+
+  Keras 3's TensorFlow optimizers sum gradients over the replicas in
+  `_all_reduce_sum_gradients`, in replica context. A step that summed them
+  itself (to clip the sum, or send 16 bits) must skip that. The change is
+  only in effect while the step is traced, so it is baked into that graph
+  alone; the optimizer a LossScaleOptimizer wraps changes too.
+  """
+  instances = [optimizer]
+  if getattr(optimizer, 'inner_optimizer', None) is not None:
+    instances.append(optimizer.inner_optimizer)
+  for instance in instances:
+    instance._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    for instance in instances:
+      del instance._all_reduce_sum_gradients  # pylint: disable=protected-access
+
+
+def keras_reduces_gradients(optimizer: keras.optimizers.Optimizer) -> bool:
+  """Whether the optimizer sums gradients over replicas itself (tested)."""
+  return callable(getattr(optimizer, '_all_reduce_sum_gradients', None))
+
+
+def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
+  """Every layer of a model, nested ones included (Keras's own walk)."""
+  return list(model._flatten_layers(include_self=False))  # pylint: disable=protected-access
+
+
+def coordination_service():
+  """TensorFlow's coordination service client: barriers and a key-value
+  store shared by the workers (tf.distribute's failure handling uses it;
+  there is no public API)."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  return context.context()
+
+
+def run_exit_handlers() -> None:
+  """Runs the atexit handlers now, before an os._exit that skips them."""
+  atexit._run_exitfuncs()  # pylint: disable=protected-access

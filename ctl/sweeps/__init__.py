@@ -1,0 +1,1 @@
+"""Sweeps: trials loaded and checked, their results reported (the command is ctl/sweep.py)."""

@@ -1,0 +1,221 @@
+"""The task API: the user owns the step and the data; ctl owns the loop.
+
+A task is a class named in the config (`config.task = 'my_module:MyTask'`):
+
+    class MyTask(ctl.Task):
+      def build(self):                      # inside strategy.scope()
+        self.model = keras.Sequential([...])
+        self.optimizer = keras.optimizers.Adam(1e-3)
+        self.eval_metrics = [keras.metrics.SparseCategoricalAccuracy()]
+
+      def train_data(self, context):        # per input pipeline
+        return ctl.InMemory((x, y))         # or a tf.data.Dataset of
+                                            # per-replica batches
+      def eval_data(self, context):
+        return {'test': ctl.InMemory((x_test, y_test))}
+
+      def train_step(self, batch, ctx):     # on every replica
+        ...tape, loss, gradients, apply...
+        return {'loss': loss}               # scalars, averaged in the log
+
+      def eval_step(self, batch, ctx):
+        ...
+        return {'loss': loss}
+
+Everything `build` assigns to the task (models, optimizers, variables,
+metrics, lists and dicts of them) is checkpointed. ctl runs `steps_per_loop`
+steps in one tf.function, saves, stops on SIGTERM, resumes exactly, logs,
+summarises and evaluates, on one device, several, or several workers.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import keras
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from ctl.data import in_memory
+from ctl.runtime import summaries
+from ctl.runtime import tf_internals
+
+InMemory = in_memory.InMemory
+# What train_data / eval_data may return for one set.
+Data = tf.data.Dataset | InMemory
+
+
+Image = summaries.Image
+Histogram = summaries.Histogram
+
+
+class StepContext:
+  """What a step needs from ctl, without reaching into it.
+
+  Attributes:
+    global_batch_size: examples per step over every replica of every worker,
+      for `tf.nn.compute_average_loss(..., global_batch_size=...)`.
+    step: int64 scalar: the steps finished before this one (0 first).
+    seed: int64 [2]: a stateless random seed, distinct for each (config.seed,
+      step, replica); for `tf.random.stateless_*` ops and Keras layers' seeds.
+    replica_id: this replica's number among num_replicas.
+    num_replicas: replicas in sync, over every worker.
+    training: True in train_step, False in eval_step.
+  """
+
+  def __init__(self, *, global_batch_size: int, step: tf.Tensor, seed: int,
+               training: bool, all_reduce_dtype: str = 'float32'):
+    replica_context = tf.distribute.get_replica_context()
+    self.global_batch_size = global_batch_size
+    self.step = tf.cast(step, tf.int64)
+    self.num_replicas = replica_context.num_replicas_in_sync
+    self.replica_id = replica_context.replica_id_in_sync_group
+    self.seed = tf.stack([
+        tf.constant(seed, tf.int64),
+        self.step * self.num_replicas + tf.cast(self.replica_id, tf.int64)])
+    self.training = training
+    self._all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
+
+  def all_reduce_sum(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """Sums tensors (gradients) over every replica of every worker.
+
+    Sent in config.distribution.all_reduce_dtype, returned in their own.
+    """
+    values = list(values)
+    if self.num_replicas == 1:
+      return values
+    sent = [tf.cast(value, self._all_reduce_dtype) for value in values]
+    summed = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, sent)
+    return [tf.cast(total, value.dtype) for total, value in zip(summed, values)]
+
+  def apply_reduced_gradients(
+      self, optimizer: keras.optimizers.Optimizer,
+      grads_and_vars: Iterable[tuple[tf.Tensor, tf.Variable]]) -> None:
+    """Applies gradients already summed by all_reduce_sum, as they are.
+
+    `optimizer.apply_gradients` would sum them over the replicas again:
+    Keras 3 optimizers all-reduce in replica context.
+    """
+    with tf_internals.keras_gradients_already_reduced(optimizer):
+      optimizer.apply_gradients(grads_and_vars)
+
+
+class Task(tf.Module):
+  """A training task: subclass it and write the hooks.
+
+  Required: `build`, `train_data`, `train_step`. Evaluation: `eval_data`
+  with `eval_step`, optionally `eval_end`.
+
+  Attributes ctl sets before build (for learning-rate schedules):
+    steps_per_epoch, total_steps, global_batch_size.
+
+  Attributes a task may set in build:
+    train_metrics: Keras metrics updated in train_step; read, logged and
+      reset at every report, reduced over every replica and worker.
+    eval_metrics: the same for eval_step; reset before each eval set.
+  """
+
+  train_metrics: Sequence[keras.metrics.Metric] = ()
+  eval_metrics: Sequence[keras.metrics.Metric] = ()
+  # Whether config.jit_compile='auto' may compile this task's steps with
+  # XLA (ctl.training.xla): only for steps known to compile, as the built-in
+  # tasks' are. Set jit_compile explicitly to try XLA on your own.
+  auto_xla = False
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    super().__init__(name=type(self).__name__)
+    self.config = config
+    self.steps_per_epoch = 0
+    self.total_steps = 0
+    self.global_batch_size = config.batch_size
+
+  def build(self) -> None:
+    """Creates models, optimizers, metrics and any state, as attributes.
+
+    Runs inside `strategy.scope()`. Build optimizers' slots here
+    (`optimizer.build(model.trainable_variables)`) so that a checkpoint
+    restores them.
+    """
+    raise NotImplementedError
+
+  def train_data(self, context: tf.distribute.InputContext) -> Data:
+    """Training data for one input pipeline (one per worker); called
+    before build.
+
+    Returns either ctl.InMemory (arrays; ctl shuffles and batches them,
+    and resumes exactly at any step), or a tf.data.Dataset of per-replica
+    batches (`context.get_per_replica_batch_size(global_batch_size)`),
+    sharded by `context.input_pipeline_id`. A dataset that ends is
+    repeated: one pass is an epoch.
+    """
+    raise NotImplementedError
+
+  def eval_data(self, context: tf.distribute.InputContext
+                ) -> Data | Mapping[str, Data] | None:
+    """Evaluation data: one set, or {name: set}; None for no evaluation.
+
+    Each set is one pass: a finite dataset of per-replica batches, or
+    ctl.InMemory.
+    """
+    del context
+    return None
+
+  def train_step(self, batch: Any, ctx: StepContext) -> Mapping[str, tf.Tensor]:
+    """Trains on one replica's batch; returns scalar logs.
+
+    Runs in replica context on every replica. The logs are averaged over
+    replicas and steps (weighted by examples) and logged and summarised.
+    `tf.summary` calls here are written by the chief at the summary
+    interval.
+    """
+    raise NotImplementedError
+
+  def eval_step(self, batch: Any, ctx: StepContext) -> Mapping[str, tf.Tensor]:
+    """Evaluates one replica's batch.
+
+    Returns scalars, averaged over the pass (weighted by examples), and
+    optionally tensors of one row per example (predictions, labels), which
+    are gathered over the whole pass and given to `eval_end`.
+    """
+    raise NotImplementedError
+
+  def eval_end(self, name: str, outputs: Mapping[str, np.ndarray]
+               ) -> Mapping[str, float | Image | Histogram]:
+    """Reduces a whole eval pass's per-example outputs (AUC, a confusion
+    matrix): scalars, Image or Histogram results."""
+    del name, outputs
+    return {}
+
+  def models(self) -> list[keras.Model]:
+    """The Keras models among the task's attributes (for checkpoints and
+    XLA's choice)."""
+    return [value for value in _attribute_values(self)
+            if isinstance(value, keras.Model)]
+
+
+REQUIRED_HOOKS = ('build', 'train_data', 'train_step')
+
+
+def missing_hooks(task_class: type) -> list[str]:
+  """The hooks a task class must write but does not."""
+  missing = [hook for hook in REQUIRED_HOOKS
+             if getattr(task_class, hook) is getattr(Task, hook)]
+  if (task_class.eval_data is not Task.eval_data and
+      task_class.eval_step is Task.eval_step):
+    missing.append('eval_step (it has eval_data)')
+  return missing
+
+
+def _attribute_values(task: Task) -> list[Any]:
+  """The task's attribute values, lists, tuples and dicts opened."""
+  found, pending = [], list(vars(task).values())
+  while pending:
+    value = pending.pop()
+    if isinstance(value, Mapping):
+      pending.extend(value.values())
+    elif isinstance(value, (list, tuple)):
+      pending.extend(value)
+    else:
+      found.append(value)
+  return found

@@ -1,0 +1,34 @@
+"""Tasks: the built-in ones, and finding a user's by name."""
+
+from ctl import errors
+from ctl import registry
+from ctl import task as task_lib
+from ctl.tasks import classification
+from ctl.tasks import keras_model
+
+_BUILT_IN = {
+    'classification': classification.Classification,
+    'keras_model': keras_model.KerasModelTask,
+}
+
+
+def resolve(name: str) -> type[task_lib.Task]:
+  """The task class named by config.task, checked to have every hook.
+
+  Raises:
+    ConfigError: when it cannot be imported, is not a ctl.Task, or lacks
+      a hook.
+  """
+  task_class = registry.resolve(name, _BUILT_IN, 'task')
+  if not (isinstance(task_class, type) and
+          issubclass(task_class, task_lib.Task)):
+    raise errors.ConfigError(
+        f'config.task={name!r} is not a subclass of ctl.Task: write '
+        f'`class {getattr(task_class, "__name__", "MyTask")}(ctl.Task)`.')
+  missing = task_lib.missing_hooks(task_class)
+  if missing:
+    raise errors.ConfigError(
+        f'Task {name!r} lacks {", ".join(missing)}: write '
+        f'{"it" if len(missing) == 1 else "them"} as a method of '
+        f'{task_class.__name__} (see ctl/task.py).')
+  return task_class

@@ -1,0 +1,97 @@
+"""The built-in task: a classifier on in-memory examples, chosen by name.
+
+`config.task = 'classification'` (configs/digits.py, configs/mnist.py): the
+dataset (`data.name`), model (`model.name`), loss, metrics and optimizer
+are chosen in the config, built in or a user's `package.module:function`.
+Its steps are the tutorials' step_fn; its data is held in memory and
+gathered inside the step, ctl's fastest input path.
+"""
+
+import keras
+import tensorflow as tf
+
+from ctl import task as task_lib
+from ctl.data import datasets
+from ctl.tasks import losses
+from ctl.tasks import models
+from ctl.tasks import optimizers
+
+
+class Classification(task_lib.Task):
+  """Classifies features into data.num_classes classes (logits out)."""
+
+  auto_xla = True  # Its steps compile; measured in BENCHMARKS.md.
+
+  def build(self) -> None:
+    config = self.config
+    data = self._data()
+    self.model = models.build_model(config.model, data.input_shape,
+                                    data.num_classes)
+    self.optimizer = optimizers.build_optimizer(
+        config.optimizer, self.total_steps,
+        loss_scaling=config.model.dtype_policy == 'mixed_float16')
+    # Builds the optimizer's slots now: lazily built slots fail with several
+    # replicas, and a restore must find them to match the checkpoint.
+    self.optimizer.build(self.model.trainable_variables)
+    self.train_metrics = [losses.build_metric(name) for name in config.metrics]
+    self.eval_metrics = [losses.build_metric(name) for name in config.metrics]
+
+  def train_data(self, context: tf.distribute.InputContext) -> task_lib.InMemory:
+    del context  # ctl shards in-memory data itself.
+    split = self._data().train
+    return task_lib.InMemory((split.features, split.labels),
+                             preprocess=self._scale)
+
+  def eval_data(self, context: tf.distribute.InputContext) -> task_lib.InMemory:
+    del context
+    split = self._data().eval
+    return task_lib.InMemory((split.features, split.labels),
+                             preprocess=self._scale)
+
+  def train_step(self, batch, ctx: task_lib.StepContext) -> dict:
+    features, labels = batch
+    variables = self.model.trainable_variables
+    with tf.GradientTape() as tape:
+      # Float32 logits: under mixed precision the model computes in 16 bits.
+      logits = tf.cast(self.model(features, training=True), tf.float32)
+      per_example_loss = self._loss(labels, logits)
+      loss = tf.nn.compute_average_loss(
+          per_example_loss, global_batch_size=ctx.global_batch_size)
+      regularization = (tf.add_n(self.model.losses) if self.model.losses
+                        else tf.constant(0.0))
+      loss += tf.nn.scale_regularization_loss(regularization)
+      scaled_loss = self.optimizer.scale_loss(loss)
+    gradients = tape.gradient(scaled_loss, variables)
+    if self.config.distribution.all_reduce_dtype == 'float32':
+      # Keras 3 optimizers sum gradients over the replicas themselves.
+      self.optimizer.apply_gradients(zip(gradients, variables))
+    else:  # Sent in 16 bits, then applied as summed.
+      ctx.apply_reduced_gradients(
+          self.optimizer, zip(ctx.all_reduce_sum(gradients), variables))
+    for metric in self.train_metrics:
+      metric.update_state(labels, logits)
+    return {'loss': tf.reduce_mean(per_example_loss) + regularization,
+            'learning_rate': tf.cast(self.optimizer.learning_rate, tf.float32)}
+
+  def eval_step(self, batch, ctx: task_lib.StepContext) -> dict:
+    del ctx
+    features, labels = batch
+    logits = tf.cast(self.model(features, training=False), tf.float32)
+    for metric in self.eval_metrics:
+      metric.update_state(labels, logits)
+    return {'loss': tf.reduce_mean(self._loss(labels, logits))}
+
+  def _data(self) -> datasets.Data:
+    """The dataset, loaded once (kept off the checkpoint)."""
+    if not hasattr(self, '_loaded'):
+      self._loaded = datasets.load(self.config.data)  # Not trackable.
+    return self._loaded
+
+  def _loss(self, labels, logits):
+    return losses.build_loss(self.config.loss)(labels, logits)
+
+  def _scale(self, batch):
+    features, labels = batch
+    features = tf.cast(features, tf.float32)
+    scale = self._data().feature_scale
+    return (features if scale == 1 else features * scale), labels

@@ -1,0 +1,150 @@
+"""One pass over each of a task's eval sets: logs, metrics, whole-pass results.
+
+A set is read through `distribute_datasets_from_function`, whose iterator
+agrees across workers on the end of the data (replicas without data get
+an empty batch). Per batch, a tf.function runs the task's eval_step on
+every replica; scalar logs are summed locally, weighted by examples, and
+all-reduced once per pass; per-example outputs are gathered from every
+replica and worker and handed to the task's `eval_end` at the end.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from ctl import task as task_lib
+from ctl.data import in_memory
+from ctl.runtime import summaries
+from ctl.training import metric_reading
+from ctl.training import steps as steps_lib
+
+# The name of the one eval set of a task whose eval_data returns one set.
+SINGLE = ''
+
+
+class Evaluator:
+  """Evaluates the task's current state on every eval set."""
+
+  def __init__(self, *, strategy: tf.distribute.Strategy,
+               task: task_lib.Task, context: tf.distribute.InputContext,
+               eval_batch_size: int, seed: int,
+               make_writer: Callable[[str], summaries.MetricWriter]):
+    """Args as named; make_writer(set name) makes a set's summary writer."""
+    self._strategy = strategy
+    self._task = task
+    self._context = context
+    self._eval_batch_size = eval_batch_size
+    self._seed = seed
+    self._make_writer = make_writer
+    self._sets = None  # {name: distributed dataset}, made at first use.
+    self._writers = {}
+    self._functions = {}
+    self._metrics = metric_reading.MetricReader(task.eval_metrics)
+
+  def has_data(self) -> bool:
+    """Whether the task has eval sets (builds them the first time)."""
+    return bool(self._eval_sets())
+
+  def evaluate(self, step: int) -> dict[str, Any]:
+    """Evaluates every set; logs and summarises the results at step.
+
+    Returns:
+      The results of the one set, or {set name: results} for several.
+    """
+    results = {}
+    for name, dataset in self._eval_sets().items():
+      results[name] = self._evaluate_set(name, dataset, step)
+      self._writer(name).write(step, results[name])
+      logging.info('eval%s at step %d: %s', f' {name}' if name else '', step,
+                   summaries.format_scalars(results[name]))
+    return results[SINGLE] if SINGLE in results else results
+
+  def close(self) -> None:
+    for writer in self._writers.values():
+      writer.close()
+
+  def _writer(self, name: str) -> summaries.MetricWriter:
+    if name not in self._writers:
+      self._writers[name] = self._make_writer(name)
+    return self._writers[name]
+
+  def _eval_sets(self) -> dict[str, Any]:
+    """The task's eval sets as distributed datasets, made once."""
+    if self._sets is None:
+      sets = self._task.eval_data(self._context)
+      if sets is None:
+        sets = {}
+      elif not isinstance(sets, Mapping):
+        sets = {SINGLE: sets}
+      self._sets = {name: self._distribute(data) for name, data in
+                    sets.items()}
+    return self._sets
+
+  def _distribute(self, data):
+    if isinstance(data, in_memory.InMemory):
+      return self._strategy.distribute_datasets_from_function(
+          lambda context: data.eval_dataset(context, self._eval_batch_size))
+    # Built for this worker's pipeline: each worker returns its own.
+    return self._strategy.distribute_datasets_from_function(
+        lambda context: data)
+
+  def _evaluate_set(self, name: str, dataset, step: int) -> dict[str, Any]:
+    """One pass over a set; its logs, metrics and eval_end results."""
+    self._metrics.reset()
+    run_batch = self._function(name, dataset)
+    sums, outputs = {}, {}
+    step_tensor = tf.constant(step, tf.int64)
+    for batch in dataset:
+      batch_sums, batch_outputs = run_batch(batch, step_tensor)
+      for key, value in batch_sums.items():
+        sums[key] = sums.get(key, 0.0) + value.numpy()
+      for key, value in batch_outputs.items():
+        outputs.setdefault(key, []).append(value.numpy())
+    results = self._mean_over_workers(sums)
+    results.update(self._metrics.read())
+    if outputs:
+      results.update(self._task.eval_end(name, {
+          key: np.concatenate(values) for key, values in outputs.items()}))
+    return results
+
+  def _function(self, name: str, dataset) -> Callable:
+    """The tf.function that evaluates one batch of set `name`."""
+    if name not in self._functions:
+      def run_batch(batch, step):
+        outputs = self._strategy.run(self._eval_replica, args=(batch, step))
+        scalars, per_example = outputs
+        local = {key: tf.add_n(self._strategy.experimental_local_results(v))
+                 for key, v in scalars.items()}
+        gathered = {key: self._strategy.gather(value, axis=0)
+                    for key, value in per_example.items()}
+        return local, gathered
+      self._functions[name] = tf.function(
+          run_batch, autograph=False, reduce_retracing=True)
+    return self._functions[name]
+
+  def _eval_replica(self, batch, step):
+    ctx = task_lib.StepContext(
+        global_batch_size=self._eval_batch_size, step=step, seed=self._seed,
+        training=False)
+    outputs = steps_lib.check_logs(self._task.eval_step(batch, ctx),
+                                   'eval_step', scalars_only=False)
+    scalars = {key: value for key, value in outputs.items()
+               if value.shape.rank == 0}
+    per_example = {key: value for key, value in outputs.items()
+                   if value.shape.rank != 0}
+    return steps_lib.weighted_logs(scalars, batch, 'eval_step'), per_example
+
+  def _mean_over_workers(self, sums: dict[str, float]) -> dict[str, float]:
+    """Sums over every worker, divided by the examples: example means."""
+    if not sums:
+      return {}
+    keys = sorted(sums)
+    totals = metric_reading.sum_over_workers(
+        self._strategy, np.array([sums[key] for key in keys], np.float64))
+    totals = dict(zip(keys, totals))
+    examples = totals.pop(steps_lib.EXAMPLES)
+    return {key: float(value / examples) if examples else float('nan')
+            for key, value in totals.items()}

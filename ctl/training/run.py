@@ -1,0 +1,360 @@
+"""train_and_evaluate: builds a task and everything around it, then trains.
+
+Read top to bottom: the strategy, the task and its data, the checkpoint
+(restored before anything is written), the step runner, the periodic
+actions, the loop, the results.
+"""
+
+import hashlib
+import os
+
+from absl import logging
+import keras
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from ctl import config as config_lib
+from ctl import errors
+from ctl import task as task_lib
+from ctl import tasks
+from ctl.data import inputs
+from ctl.runtime import checkpointing
+from ctl.runtime import distribution
+from ctl.runtime import periodic
+from ctl.runtime import preemption
+from ctl.runtime import summaries
+from ctl.runtime import tf_internals
+from ctl.runtime import workdir as workdir_lib
+from ctl.training import evaluation
+from ctl.training import loop as loop_lib
+from ctl.training import metric_reading
+from ctl.training import speed as speed_lib
+from ctl.training import state as state_lib
+from ctl.training import steps as steps_lib
+from ctl.training import xla
+
+# What a collective raises when a peer is gone or too slow.
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict,
+                       workdir: str) -> dict:
+  """Trains and evaluates config's task, resuming from workdir's checkpoint.
+
+  Args:
+    config: the whole config (see ctl/config.py).
+    workdir: where checkpoints, summaries and results go (chief only).
+
+  Returns:
+    The results: final step, epoch and evaluation metrics, as saved in
+    workdir/results.json.
+
+  Raises:
+    ConfigError: the config cannot work; nothing was written.
+    Preempted: SIGTERM stopped training after a checkpoint at that step.
+    PeerFailure: another worker died or hung; nothing half-done was saved.
+    CtlError: the data, the workdir, the task or a checkpoint is unusable,
+      or the loss diverged; no checkpoint or result was overwritten.
+  """
+  started = speed_lib.process_start_time()
+  config_lib.validate(config)
+  task_class = tasks.resolve(config.task)
+  tf_internals.apply_fixes()
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  strategy, task_info = distribution.build_strategy(config.distribution)
+  logging.info('Task %s of %d worker(s), %d replica(s) in sync, chief: %s',
+               task_info.name, task_info.num_workers,
+               strategy.num_replicas_in_sync, task_info.is_chief)
+  timeout_seconds = config.distribution.timeout_seconds
+  with preemption.StopSignal() as stop_signal:
+    try:
+      results = _run(config, workdir, strategy, task_info, task_class,
+                     stop_signal, started)
+    except errors.Preempted:
+      distribution.leave_together(task_info, timeout_seconds)
+      raise
+    except _PEER_ERRORS as error:
+      if task_info.num_workers == 1:
+        raise
+      raise errors.PeerFailure(
+          f'Lost the other workers ({type(error).__name__}): a worker died, '
+          'was stopped, or did not respond within '
+          f'distribution.timeout_seconds={timeout_seconds}. Nothing was saved '
+          'after the latest checkpoint in '
+          f'{workdir_lib.checkpoint_dir(workdir)}; restart every worker to '
+          'resume from it.') from error
+    except tf.errors.InvalidArgumentError as error:
+      reason = xla.failure(error)
+      if reason is None:
+        raise
+      raise errors.CtlError(
+          f'XLA cannot compile the training step: {reason}. Run with '
+          f'--config.jit_compile=off (config.jit_compile='
+          f'{config.jit_compile!r}). Nothing was trained.') from error
+  distribution.leave_together(task_info, timeout_seconds)
+  return results
+
+
+def _run(config, workdir, strategy, task_info, task_class, stop_signal,
+         started) -> dict:
+  """train_and_evaluate, once the strategy exists."""
+  keras.utils.set_random_seed(config.seed)
+  state_lib.check_batch_sizes(config, strategy.num_replicas_in_sync)
+  context = inputs.input_context(strategy,
+                                 distribution.worker_index(task_info),
+                                 task_info.num_workers)
+  task = task_class(config)
+  train_data = task.train_data(context)
+  length = _training_length(config, train_data)
+  task.steps_per_epoch = length.steps_per_epoch
+  task.total_steps = length.total_steps
+  with strategy.scope():
+    task.build()
+    state = state_lib.TrainState()
+  in_memory = isinstance(train_data, task_lib.InMemory)
+  jit_compile = xla.resolve(config.jit_compile,
+                            num_replicas=strategy.num_replicas_in_sync,
+                            task=task, in_memory=in_memory)
+  logging.info('XLA compiles: %s (config.jit_compile=%r)', jit_compile,
+               config.jit_compile)
+  train_input = _train_input(config, strategy, train_data, length,
+                             jit_compile)
+  checkpointer = checkpointing.Checkpointer(
+      _checkpoint_of(task, state), workdir_lib.checkpoint_dir(workdir),
+      is_chief=task_info.is_chief, task_id=task_info.task_id,
+      max_to_keep=config.intervals.keep_checkpoints,
+      async_save=config.intervals.async_checkpoint)
+  data_positions = checkpointing.DataPositions(
+      train_input.checkpointable, workdir_lib.data_position_dir(workdir),
+      worker=task_info.name, max_to_keep=config.intervals.keep_checkpoints)
+
+  # Nothing is written before the run is known to start: a checkpoint that
+  # does not fit, or a finished run, leaves the workdir as it was.
+  if checkpointer.restore_latest():
+    state.check_resumable(length.steps_per_epoch)
+    data_positions.restore(int(state.step.numpy()))
+  elif config.init_from:
+    checkpointing.warm_start(_models_of(task), config.init_from)
+  if task_info.num_workers > 1:
+    _check_workers_agree(strategy, state)
+  step = int(state.step.numpy())
+  results = workdir_lib.read_results(workdir)
+  if step >= length.total_steps and results is not None:
+    logging.info('Training already finished at step %d of %d: nothing to do. '
+                 'Results: %s', step, length.total_steps,
+                 workdir_lib.results_path(workdir))
+    return results
+  if task_info.is_chief:
+    workdir_lib.prepare(workdir)
+    workdir_lib.save_config(workdir, config)
+
+  evaluator = evaluation.Evaluator(
+      strategy=strategy, task=task, context=context,
+      eval_batch_size=length.eval_batch_size, seed=config.seed,
+      make_writer=lambda name: summaries.make_writer(
+          os.path.join(workdir_lib.summary_dir(workdir, 'eval'), name),
+          task_info.is_chief))
+  train_writer = summaries.make_writer(
+      workdir_lib.summary_dir(workdir, 'train'), task_info.is_chief)
+  try:
+    eval_results, timing = None, {}
+    if step < length.total_steps:
+      eval_results, timing = _train(
+          config, workdir, strategy, task, task_info, state, length,
+          train_input, checkpointer, data_positions, evaluator, train_writer,
+          stop_signal, started, jit_compile)
+    if eval_results is None and evaluator.has_data():
+      eval_results = evaluator.evaluate(int(state.step.numpy()))
+  finally:
+    # Whatever happened, what was written so far is whole on disk.
+    train_writer.close()
+    evaluator.close()
+    checkpointer.wait()
+
+  results = {
+      **state.as_dict(),
+      'eval': eval_results or {},
+      'weights_sha256': weights_fingerprint(task),
+      # Of this process only: a resumed run's earlier processes are not in it.
+      'timing': timing,
+  }
+  # Every worker logs the fingerprint so that a multi-worker job can be
+  # checked for replicas that drifted apart.
+  logging.info('Final weights sha256 %s (task %s)', results['weights_sha256'],
+               task_info.name)
+  if task_info.is_chief:
+    workdir_lib.write_json(workdir_lib.results_path(workdir),
+                           _json_ready(results))
+    logging.info('Results written to %s', workdir_lib.results_path(workdir))
+  return results
+
+
+def _train(config, workdir, strategy, task, task_info, state, length,
+           train_input, checkpointer, data_positions, evaluator, train_writer,
+           stop_signal, started, jit_compile):
+  """The step runner, the periodic actions and the loop; runs it."""
+  runner = steps_lib.StepRunner(
+      strategy=strategy, task=task, train_input=train_input, state=state,
+      global_batch_size=length.global_batch_size, seed=config.seed,
+      steps_per_epoch=length.steps_per_epoch, jit_compile=jit_compile,
+      all_reduce_dtype=config.distribution.all_reduce_dtype,
+      summary_steps=config.intervals.summary_steps)
+  intervals = config.intervals
+  speed = speed_lib.SpeedMeter()
+  summary_every = loop_lib.Every((intervals.summary_steps,), at_epoch_end=True)
+  reporter = loop_lib.Reporter(
+      length=length, metrics=metric_reading.MetricReader(task.train_metrics),
+      writer=train_writer, speed=speed, summary_every=summary_every)
+  eval_results = {}
+  timing = {'first_step_seconds': None}
+
+  def evaluate(step):
+    if evaluator.has_data():
+      eval_results['last'] = evaluator.evaluate(step)
+
+  def save(step):
+    data_positions.save(step)
+    checkpointer.save(step)
+
+  def first_step_done():
+    timing['first_step_seconds'] = speed_lib.seconds_since(started)
+    logging.info('First step done %.1f s after the process started',
+                 timing['first_step_seconds'])
+
+  actions = [
+      loop_lib.Action('report', loop_lib.Every(
+          (intervals.log_steps, intervals.summary_steps), at_epoch_end=True),
+                      reporter.report),
+      loop_lib.Action('evaluate', loop_lib.Every(
+          (intervals.eval_steps,), at_epoch_end=True), evaluate),
+      *_profile_actions(config.profile, workdir, task_info.is_chief),
+  ]
+  checkpoint = loop_lib.Action('checkpoint', loop_lib.Every(
+      (intervals.checkpoint_steps,
+       length.steps_per_epoch * intervals.checkpoint_epochs)), save)
+  train_loop = loop_lib.TrainLoop(
+      runner=runner, length=length, steps_per_loop=config.steps_per_loop,
+      actions=actions, checkpoint=checkpoint,
+      checkpoint_clock=periodic.Periodic(every_secs=intervals.checkpoint_secs),
+      stop_signal=stop_signal, speed=speed, on_logs=reporter.add,
+      on_first_step=first_step_done)
+  loops = train_loop.plan(int(state.step.numpy()))
+  step_writer = summaries.step_summary_writer(
+      workdir_lib.summary_dir(workdir, 'train'), task_info.is_chief)
+  with step_writer.as_default():
+    train_loop.run(train_input.make_iterator(loops), loops)
+  step_writer.close()
+  timing['steps_per_second'] = speed.steady_steps_per_second()
+  return eval_results.get('last'), timing
+
+
+def _training_length(config, train_data) -> state_lib.TrainingLength:
+  """Epochs and steps, from the config and the task's training data."""
+  if isinstance(train_data, task_lib.InMemory):
+    steps_per_epoch = state_lib.in_memory_steps_per_epoch(config,
+                                                          len(train_data))
+  elif isinstance(train_data, tf.data.Dataset):
+    steps_per_epoch = inputs.steps_per_epoch_of(train_data,
+                                                config.steps_per_epoch)
+  else:
+    raise errors.CtlError(
+        f'The task\'s train_data returned {type(train_data).__name__}; it '
+        'must return a tf.data.Dataset of per-replica batches or '
+        'ctl.InMemory.')
+  return state_lib.training_length(config, steps_per_epoch)
+
+
+def _train_input(config, strategy, train_data, length, jit_compile):
+  """The step loop's view of the training data."""
+  if isinstance(train_data, task_lib.InMemory):
+    return inputs.InMemoryInput(
+        strategy, train_data, seed=config.seed,
+        global_batch_size=length.global_batch_size,
+        steps_per_epoch=length.steps_per_epoch,
+        pad_loops_to=config.steps_per_loop if jit_compile == 'loop' else None)
+  return inputs.DatasetInput(strategy, train_data,
+                             distribution.local_replicas(strategy))
+
+
+def _checkpoint_of(task: task_lib.Task,
+                   state: state_lib.TrainState) -> tf.train.Checkpoint:
+  """Everything a run needs to continue exactly where it stopped.
+
+  Keras 3 keeps the state of random layers (Dropout's seed generator) in
+  variables that tf.train.Checkpoint does not find through a model; they
+  are added explicitly so that a resumed run draws the same random numbers.
+  """
+  rng_states = []
+  for model in task.models():
+    weights = {id(weight) for weight in model.weights}
+    rng_states += [v for v in model.variables if id(v) not in weights]
+  return tf.train.Checkpoint(task=task, rng=rng_states,
+                             **state.checkpointable())
+
+
+def _models_of(task: task_lib.Task) -> dict[str, keras.Model]:
+  """The task's Keras models by attribute name (for a warm start)."""
+  return {name: value for name, value in vars(task).items()
+          if isinstance(value, keras.Model)}
+
+
+def _check_workers_agree(strategy: tf.distribute.Strategy,
+                         state: state_lib.TrainState) -> None:
+  """Fails if workers restored different steps (each must see the workdir)."""
+  @tf.function(autograph=False)
+  def mean_step():
+    return strategy.reduce(
+        tf.distribute.ReduceOp.MEAN,
+        strategy.run(lambda: tf.cast(state.step, tf.float64)), axis=None)
+
+  local, mean = float(state.step.numpy()), float(mean_step())
+  if mean != local:
+    raise errors.CtlError(
+        f'This worker restored step {int(local)} but the workers average '
+        f'{mean}: every worker must read the same workdir (a shared '
+        'filesystem) to resume.')
+
+
+def weights_fingerprint(task: task_lib.Task) -> str:
+  """A SHA-256 of every model weight's bytes: equal only for identical
+  weights."""
+  digest = hashlib.sha256()
+  for model in task.models():
+    for weight in model.weights:
+      digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+  return digest.hexdigest()
+
+
+def _json_ready(results):
+  """Results with eval_end's images and histograms left out of the JSON."""
+  if isinstance(results, dict):
+    return {key: _json_ready(value) for key, value in results.items()
+            if not isinstance(value, (summaries.Image, summaries.Histogram,
+                                      np.ndarray))}
+  return results
+
+
+def _profile_actions(config, workdir: str, is_chief: bool):
+  """Start and stop a profiler trace around config.num_steps steps."""
+  if not config.num_steps or not is_chief:
+    return []
+  logdir = workdir_lib.summary_dir(workdir, 'train')
+  # The first step traces the functions: a trace starts after it at least.
+  start = max(config.start_step, 1)
+  end = start + config.num_steps
+
+  def begin(step):
+    if step == start:
+      tf.profiler.experimental.start(logdir)
+
+  def finish(step):
+    if step == end:
+      tf.profiler.experimental.stop()
+      logging.info('Profiled steps %d..%d into %s', start + 1, end, logdir)
+
+  # Loops end at these steps; the trace covers the steps in between.
+  return [loop_lib.Action('profile start', loop_lib.Every((start,)), begin),
+          loop_lib.Action('profile stop', loop_lib.Every((end,)), finish)]

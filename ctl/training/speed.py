@@ -1,0 +1,80 @@
+"""How fast training goes: loop timing, steady speed, ETA, start-up time."""
+
+import os
+import time
+
+
+class SpeedMeter:
+  """Times train loops; the first (it traces the functions) is left out."""
+
+  def __init__(self, clock=time.monotonic):
+    self._clock = clock
+    self._loop_started = 0.0
+    self._steps = 0  # Since the last steps_per_second().
+    self._seconds = 0.0
+    self._loop_ends = []  # (steps trained, time) after each loop.
+
+  @property
+  def started(self) -> bool:
+    return bool(self._loop_ends)
+
+  def start(self) -> None:
+    self._loop_started = self._clock()
+
+  def stop(self, num_steps: int) -> bool:
+    """Records a loop of num_steps steps; returns whether it was the first."""
+    now = self._clock()
+    first = not self._loop_ends
+    trained = num_steps + (self._loop_ends[-1][0] if self._loop_ends else 0)
+    self._loop_ends.append((trained, now))
+    if not first:
+      self._steps += num_steps
+      self._seconds += now - self._loop_started
+    return first
+
+  def steps_per_second(self) -> float | None:
+    """Training speed since the last call, inside train loops only."""
+    speed = self._steps / self._seconds if self._seconds else None
+    self._steps, self._seconds = 0, 0.0
+    return speed
+
+  def steady_steps_per_second(self) -> float | None:
+    """Speed over the second half of the steps trained, periodic work included.
+
+    By then every function has been traced once (the first report, eval and
+    save each trace one); a long run is dominated by this speed.
+    """
+    if len(self._loop_ends) < 2:
+      return None
+    trained, now = self._loop_ends[-1]
+    half = next(end for end in self._loop_ends if end[0] >= trained / 2)
+    if half[0] == trained:
+      half = self._loop_ends[-2]
+    return (trained - half[0]) / (now - half[1])
+
+  def eta_seconds(self, step: int, total_steps: int) -> float | None:
+    """Time left at the pace since the first loop, evaluations included."""
+    if len(self._loop_ends) < 2:
+      return None
+    (first_steps, first_time), (steps, now) = (self._loop_ends[0],
+                                               self._loop_ends[-1])
+    pace = (self._clock() - first_time) / (steps - first_steps)
+    return pace * (total_steps - step)
+
+
+def process_start_time() -> float:
+  """time.monotonic() when this process started (Linux), else now."""
+  try:
+    with open('/proc/self/stat') as file:
+      # Field 22, after the parenthesised command name, in clock ticks.
+      start_ticks = int(file.read().rsplit(')', 1)[1].split()[19])
+    with open('/proc/uptime') as file:
+      uptime = float(file.read().split()[0])
+    age = uptime - start_ticks / os.sysconf('SC_CLK_TCK')
+    return time.monotonic() - age
+  except (OSError, ValueError, IndexError):
+    return time.monotonic()
+
+
+def seconds_since(start: float) -> float:
+  return time.monotonic() - start

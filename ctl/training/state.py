@@ -1,0 +1,104 @@
+"""Where training is: the step counters saved in every checkpoint, and how
+long training lasts."""
+
+import dataclasses
+
+import ml_collections
+import tensorflow as tf
+
+from ctl import errors
+
+
+class TrainState:
+  """The position of training, saved in every checkpoint.
+
+  `step` counts finished global steps and decides the data position of
+  in-memory data; `epoch` and `step_in_epoch` are kept beside it so that a
+  checkpoint says where in the data it stopped, and a resume can check that
+  the config still cuts epochs the same way.
+  """
+
+  def __init__(self):
+    """Creates the counters; call inside `strategy.scope()`."""
+    self.step = self._counter('step')
+    self.epoch = self._counter('epoch')
+    self.step_in_epoch = self._counter('step_in_epoch')
+
+  @staticmethod
+  def _counter(name: str) -> tf.Variable:
+    return tf.Variable(0, dtype=tf.int64, trainable=False, name=name,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  def advance(self, num_steps: tf.Tensor, steps_per_epoch: int) -> None:
+    """Moves the counters num_steps steps on."""
+    step = self.step.assign_add(tf.cast(num_steps, tf.int64))
+    self.epoch.assign(step // steps_per_epoch)
+    self.step_in_epoch.assign(step % steps_per_epoch)
+
+  def as_dict(self) -> dict[str, int]:
+    return {'step': int(self.step.numpy()), 'epoch': int(self.epoch.numpy()),
+            'step_in_epoch': int(self.step_in_epoch.numpy())}
+
+  def checkpointable(self) -> dict[str, tf.Variable]:
+    return {'step': self.step, 'epoch': self.epoch,
+            'step_in_epoch': self.step_in_epoch}
+
+  def check_resumable(self, steps_per_epoch: int) -> None:
+    """Fails if the config cuts epochs differently from the checkpoint's."""
+    position = self.as_dict()
+    expected = divmod(position['step'], steps_per_epoch)
+    if (position['epoch'], position['step_in_epoch']) != expected:
+      raise errors.ConfigError(
+          f"The checkpoint stopped at step {position['step']}, epoch "
+          f"{position['epoch']} step {position['step_in_epoch']} of its "
+          f'epoch, but this config has {steps_per_epoch} steps per epoch, so '
+          'the data would not resume where it stopped. Resume with the '
+          'config that wrote the checkpoint (batch_size, steps_per_epoch, '
+          'data), or train in a new --workdir.')
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingLength:
+  """Batch sizes and step counts, resolved from the config and the data."""
+
+  global_batch_size: int
+  eval_batch_size: int
+  steps_per_epoch: int
+  total_steps: int
+
+  @property
+  def num_epochs(self) -> int:
+    return -(-self.total_steps // self.steps_per_epoch)
+
+
+def check_batch_sizes(config: ml_collections.ConfigDict,
+                      num_replicas: int) -> None:
+  """Raises ConfigError if a batch does not divide across the replicas."""
+  for key, batch_size in (('batch_size', config.batch_size),
+                          ('eval_batch_size',
+                           config.eval_batch_size or config.batch_size)):
+    if batch_size % num_replicas:
+      raise errors.ConfigError(
+          f'config.{key}={batch_size} does not divide across the '
+          f'{num_replicas} replicas of this job: use a multiple of '
+          f'{num_replicas}.')
+
+
+def training_length(config: ml_collections.ConfigDict,
+                    steps_per_epoch: int) -> TrainingLength:
+  """Resolves the 0-means-default fields, given the data's epoch length."""
+  total_steps = config.total_steps or config.num_epochs * steps_per_epoch
+  return TrainingLength(config.batch_size,
+                        config.eval_batch_size or config.batch_size,
+                        steps_per_epoch, total_steps)
+
+
+def in_memory_steps_per_epoch(config: ml_collections.ConfigDict,
+                              num_examples: int) -> int:
+  """config.steps_per_epoch, or one pass over in-memory examples."""
+  steps_per_epoch = config.steps_per_epoch or num_examples // config.batch_size
+  if not steps_per_epoch:
+    raise errors.ConfigError(
+        f'config.batch_size={config.batch_size} is larger than the '
+        f'{num_examples} training examples.')
+  return steps_per_epoch

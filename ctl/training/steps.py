@@ -1,0 +1,207 @@
+"""Runs a task's steps on every replica, many per tf.function call.
+
+`train_loop` runs a loop of steps inside one tf.function (a graph loop
+whose count is a tensor, so it never retraces) and returns the loop's mean
+logs and the workers' agreed requests, in one all-reduce. The Python loop
+in ctl/training/loop.py owns everything else. ctl's own code is traced
+without AutoGraph: it has no Python control flow on tensors, and
+converting it cost most of the first step's tracing time.
+"""
+
+from collections.abc import Callable, Mapping
+import contextlib
+from typing import Any
+
+import tensorflow as tf
+
+from ctl import errors
+from ctl import task as task_lib
+from ctl.runtime import distribution
+from ctl.training import state as state_lib
+
+# The key under which a step's log sums carry its number of examples.
+EXAMPLES = '__examples__'
+
+
+class StepRunner:
+  """A task's train_step looped inside tf.functions, with the step context."""
+
+  def __init__(self, *, strategy: tf.distribute.Strategy,
+               task: task_lib.Task, train_input, state: state_lib.TrainState,
+               global_batch_size: int, seed: int, steps_per_epoch: int,
+               jit_compile: str = 'off', all_reduce_dtype: str = 'float32',
+               summary_steps: int = 0):
+    """Args as named.
+
+    Args:
+      train_input: a ctl.data.inputs InMemoryInput or DatasetInput.
+      jit_compile: what XLA compiles ('off', 'step', 'loop'), as
+        ctl.training.xla.resolve decided.
+      summary_steps: steps between the tf.summary records of a task's step.
+    """
+    self._strategy = strategy
+    self._task = task
+    self._input = train_input
+    self._state = state
+    self._global_batch_size = global_batch_size
+    self._seed = seed
+    self._steps_per_epoch = steps_per_epoch
+    self._all_reduce_dtype = all_reduce_dtype
+    self._summary_steps = summary_steps
+    self._local_replicas = distribution.local_replicas(strategy)
+    # XLA compiles one program per input shape: a step takes the loop's
+    # indices and its number, a loop its indices padded to steps_per_loop.
+    self._replica_step = self._train_replica
+    self._run_steps = self._loop_steps
+    if jit_compile == 'step':
+      self._replica_step = tf.function(self._train_replica, jit_compile=True,
+                                       autograph=False)
+    elif jit_compile == 'loop':
+      self._run_steps = tf.function(self._loop_steps, jit_compile=True,
+                                    autograph=False)
+
+  @tf.function(autograph=False)
+  def train_loop(self, iterator, num_steps: tf.Tensor,
+                 requests: tf.Tensor) -> dict[str, Any]:
+    """Runs num_steps training steps, then agrees on what to do next.
+
+    Args:
+      iterator: from train_input.make_iterator.
+      num_steps: a scalar int32 tensor, at least 1.
+      requests: this worker's int32 flags, e.g. [stop, save].
+
+    Returns:
+      'logs': the task's logs averaged over the loop's steps and replicas
+        (weighted by examples);
+      'requests': `requests` summed over every replica of every worker: an
+        entry > 0 means some worker asked for it, and every worker gets the
+        same answer after the same step.
+    """
+    loop_value = self._input.loop_value(iterator, num_steps)
+    sums = self._run_steps(loop_value, num_steps)
+    self._state.advance(num_steps, self._steps_per_epoch)
+    # One all-reduce for both: each worker's local sums, spread over its
+    # replicas so that the sum over all replicas counts them once.
+    local = (requests, {name: value / self._local_replicas
+                        for name, value in sums.items()})
+    total_requests, totals = self._strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
+        self._strategy.run(lambda: local), axis=None)
+    examples = totals.pop(EXAMPLES)
+    logs = {name: value / examples for name, value in totals.items()}
+    return {'logs': logs, 'requests': total_requests}
+
+  def _loop_steps(self, loop_value, num_steps: tf.Tensor) -> dict:
+    """The first num_steps steps; this worker's example-weighted log sums.
+
+    The first step runs before the graph loop, which then carries its logs'
+    structure (a task's logs are only known once its step is traced).
+    """
+    first_step = self._state.step.read_value()
+    sums = self._run_step(loop_value, tf.constant(0), first_step)
+
+    def body(i, sums):
+      logs = self._run_step(loop_value, i, first_step)
+      return i + 1, {name: sums[name] + logs[name] for name in sums}
+
+    _, sums = tf.while_loop(lambda i, _: i < num_steps, body,
+                            [tf.constant(1), sums])
+    return sums
+
+  def _run_step(self, loop_value, step_in_loop, first_step) -> dict:
+    """One step on every replica; this worker's weighted log sums."""
+    value = self._input.step_value(loop_value, step_in_loop)
+    step = first_step + tf.cast(step_in_loop, tf.int64)
+    with self._summaries_due(step):
+      outputs = self._strategy.run(self._replica_step,
+                                   args=(value, step_in_loop, step))
+    return {name: tf.add_n(self._strategy.experimental_local_results(value))
+            for name, value in outputs.items()}
+
+  def _train_replica(self, value, step_in_loop, step) -> dict[str, tf.Tensor]:
+    """The task's train_step on this replica's batch, its logs weighted."""
+    batch = self._input.replica_batch(value, step_in_loop)
+    ctx = task_lib.StepContext(
+        global_batch_size=self._global_batch_size, step=step, seed=self._seed,
+        training=True, all_reduce_dtype=self._all_reduce_dtype)
+    logs = self._task.train_step(batch, ctx)
+    return weighted_logs(logs, batch, 'train_step')
+
+  @contextlib.contextmanager
+  def _summaries_due(self, step: tf.Tensor):
+    """Records a task's own tf.summary calls at the summary interval only,
+    on the first replica, under the number of steps done after this one."""
+    def due():
+      if not self._summary_steps:
+        return False
+      first_replica = tf.equal(
+          tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+      return tf.logical_and(
+          first_replica, tf.equal((step + 1) % self._summary_steps, 0))
+
+    tf.summary.experimental.set_step(step + 1)
+    try:
+      with tf.summary.record_if(due):
+        yield
+    finally:
+      tf.summary.experimental.set_step(None)
+
+
+def weighted_logs(logs: Mapping[str, tf.Tensor], batch: Any,
+                  hook: str) -> dict[str, tf.Tensor]:
+  """{name: value * examples} and the examples, to average over replicas.
+
+  A replica without data (the end of an eval pass) has 0 examples; its
+  logs (the mean of nothing is NaN) then count for nothing.
+
+  Raises:
+    CtlError: when the logs are not a dict of scalars.
+  """
+  examples = tf.cast(batch_size(batch), tf.float32)
+  weighted = {EXAMPLES: examples}
+  for name, value in check_logs(logs, hook, scalars_only=True).items():
+    value = tf.cast(value, tf.float32)
+    weighted[name] = tf.where(examples > 0, value * examples, 0.0)
+  return weighted
+
+
+def check_logs(logs, hook: str, scalars_only: bool) -> dict[str, tf.Tensor]:
+  """The logs as a dict of tensors; raises CtlError naming the bad one."""
+  if not isinstance(logs, Mapping):
+    raise errors.CtlError(
+        f'The task\'s {hook} returned {type(logs).__name__}; it must return a '
+        "dict of scalar logs, e.g. {'loss': loss}.")
+  checked = {}
+  for name, value in logs.items():
+    value = tf.convert_to_tensor(value)
+    if scalars_only and value.shape.rank != 0:
+      raise errors.CtlError(
+          f'The task\'s {hook} returned log {name!r} of shape {value.shape}; '
+          'logs must be scalars (reduce it, e.g. tf.reduce_mean).')
+    checked[name] = value
+  return checked
+
+
+def batch_size(batch: Any) -> tf.Tensor:
+  """The number of examples in a batch of any structure: its first
+  component's rows."""
+  first = tf.nest.flatten(batch, expand_composites=False)[0]
+  if isinstance(first, tf.RaggedTensor):
+    return first.nrows()
+  if isinstance(first, tf.SparseTensor):
+    return first.dense_shape[0]
+  return tf.shape(first)[0]
+
+
+def repeat(body: Callable[[tf.Tensor], None], num_times: tf.Tensor) -> None:
+  """Calls body(i) for i in 0..num_times-1, as one graph loop.
+
+  An explicit tf.while_loop: AutoGraph's `for i in tf.range(n)` would make n
+  a compile-time constant for XLA (one compilation per loop length).
+  """
+
+  def step(i):
+    body(i)
+    return i + 1
+
+  tf.while_loop(lambda i: i < num_times, step, [tf.constant(0)])
