@@ -1,13 +1,16 @@
-"""Speed, measured side by side in one run: `python -m ctl.bench`.
+"""Speed, measured side by side in one run: `python -m benchmarks.bench`.
 
-For each workload it measures, interleaved, --repetitions times each:
+Run from the repository root. For each workload it measures, interleaved,
+--repetitions times each:
   (a) ctl's trainer with its default settings and its best ones;
   (b) a minimal hand-written loop (tf.range loop over a tf.data pipeline);
   (c) a compute-only loop: the same step on one batch in memory;
   (d) Keras 3 Model.fit with each steps_per_execution, the best kept;
   (e) with 2 workers, ctl against the code of TensorFlow's multi-worker
-      custom-training-loop tutorial (ctl/bench_tutorial.py);
-then what checkpoint saves cost, the time from process start to the first
+      custom-training-loop tutorial (benchmarks/tutorial.py);
+then a user's own task reading a tf.data pipeline against a hand-written
+loop of the same step over the same pipeline (benchmarks/user_task.py),
+what checkpoint saves cost, the time from process start to the first
 training step against a bare script, and two fixed costs behind ctl's
 design. It prints min/median/max and the ratios of medians against the
 targets, and with --markdown rewrites that file's generated section.
@@ -36,11 +39,11 @@ _REPETITIONS = flags.DEFINE_integer('repetitions', 3,
                                     'Measurements of each contender.',
                                     lower_bound=1)
 _SECTIONS = flags.DEFINE_list(
-    'sections', ['mlp', 'cnn', 'two_workers', 'checkpoints', 'startup',
-                 'costs'],
-    'What to measure: mlp, cnn, two_workers, checkpoints, startup, costs, '
-    'and (not by default) levers_mlp, levers_cnn, levers_two_workers: each '
-    'speed option against the default.')
+    'sections', ['mlp', 'cnn', 'two_workers', 'user_task', 'checkpoints',
+                 'startup', 'costs'],
+    'What to measure: mlp, cnn, two_workers, user_task, checkpoints, '
+    'startup, costs, and (not by default) levers_mlp, levers_cnn, '
+    'levers_two_workers: each speed option against the default.')
 _MARKDOWN = flags.DEFINE_string(
     'markdown', None, 'Write the results into this file (BENCHMARKS.md), '
     'between its "<!-- bench:begin -->" and "<!-- bench:end -->" lines.')
@@ -95,6 +98,11 @@ class Target:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  unknown = [name for name in _SECTIONS.value
+             if name not in _SECTION_FUNCTIONS]
+  if unknown:  # Before any measurement, not after minutes of them.
+    raise app.UsageError(f'Unknown --sections {", ".join(unknown)}: use '
+                         f'{", ".join(_SECTION_FUNCTIONS)}.')
   started = time.monotonic()
   report = [f'Measured {datetime.date.today()} on {_machine()}; '
             f'{_REPETITIONS.value} repetitions each, interleaved.', '']
@@ -140,7 +148,7 @@ _FIT_XLA = '(d) Keras fit, steps_per_execution=100, jit_compile=True'
 
 def _single_process(workload_name: str) -> tuple[str, list[Target]]:
   """(a) to (d) on one workload, in this process."""
-  from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
+  from benchmarks import workloads as bw  # pylint: disable=g-import-not-at-top
   workload = bw.WORKLOADS[workload_name]
   batch = workload.batch_size
   contenders = {
@@ -213,7 +221,7 @@ def _two_worker_ctl(**overrides) -> float:
   with tempfile.TemporaryDirectory() as workdir:
     args = [f'--config={_REPO / "configs" / "mnist.py"}',
             f'--workdir={workdir}',
-            '--config.data.name=ctl.bench_workloads:cnn_data',
+            '--config.data.name=benchmarks.workloads:cnn_data',
             '--config.batch_size=128', '--config.eval_batch_size=1000',
             *(f'--config.{key}={value}' for key, value in overrides.items())]
     _run_workers([sys.executable, '-m', 'ctl.main', *args])
@@ -223,12 +231,12 @@ def _two_worker_ctl(**overrides) -> float:
 
 def _two_worker_tutorial() -> float:
   with tempfile.TemporaryDirectory() as workdir:
-    return _two_worker_script('ctl.bench_tutorial',
+    return _two_worker_script('benchmarks.tutorial',
                               os.path.join(workdir, 'ckpt'))
 
 
 def _two_worker_ceiling() -> float:
-  return _two_worker_script('ctl.bench_ceiling')
+  return _two_worker_script('benchmarks.ceiling')
 
 
 def _two_worker_script(module: str, *args: str) -> float:
@@ -253,9 +261,28 @@ def _run_workers(command: list[str], num_workers: int = 2) -> list[str]:
   return outputs
 
 
+def _user_task() -> tuple[str, list[Target]]:
+  """A user's task reading tf.data, against the same step and pipeline in a
+  hand-written loop (benchmarks/user_task.py)."""
+  from benchmarks import user_task  # pylint: disable=g-import-not-at-top
+  batch = user_task.BATCH_SIZE
+  contenders = {
+      '(a) ctl, default settings: a ctl.Task of its own on tf.data': (
+          user_task.ctl_speed(), batch),
+      '(b) hand-written loop: the same step and pipeline, 100 steps per '
+      'tf.function': (user_task.hand_loop_speed(), batch),
+  }
+  measured = _interleaved(contenders)
+  ctl, hand = (m.median for m in measured.values())
+  table = _table('A user\'s task on a tf.data pipeline: the MLP (8x8 -> 128 '
+                 '-> 10), Adam, batch 64, no XLA', list(measured.values()))
+  return table, [Target('user task on tf.data: ctl default / hand-written loop',
+                        ctl / hand, 0.97)]
+
+
 def _checkpoints() -> tuple[str, list[Target]]:
   """What a save costs training, async and not, on both models."""
-  from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
+  from benchmarks import workloads as bw  # pylint: disable=g-import-not-at-top
   from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
   lines = ['### Checkpoint saves', '',
            '| model | save | training thread blocked, median | background '
@@ -280,18 +307,19 @@ def _checkpoints() -> tuple[str, list[Target]]:
 
 def _save_times(workload, async_save: bool) -> tuple[float, float]:
   """Median seconds a save blocks training, and its write takes after."""
-  from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
-  from ctl import checkpointing  # pylint: disable=g-import-not-at-top
-  from ctl import steps as steps_lib  # pylint: disable=g-import-not-at-top
-  _, model, optimizer, _ = bw.parts(workload)
-  optimizer.build(model.trainable_variables)
+  # pylint: disable=g-import-not-at-top
+  from benchmarks import workloads as bw
+  from ctl.runtime import checkpointing
+  from ctl.runtime import tf_internals
+  from ctl.training import state as state_lib
+  # pylint: enable=g-import-not-at-top
+  tf_internals.apply_fixes()  # Async saves of Keras 3 variables need it.
+  task = bw.build_task(workload)
   blocked, written = [], []
   with tempfile.TemporaryDirectory() as directory:
     checkpointer = checkpointing.Checkpointer(
-        checkpointing.training_checkpoint(model, optimizer,
-                                          steps_lib.TrainState()),
-        directory, is_chief=True, task_id=0, max_to_keep=2,
-        async_save=async_save)
+        state_lib.checkpoint_of(task, state_lib.TrainState()), directory,
+        is_chief=True, task_id=0, max_to_keep=2, async_save=async_save)
     checkpointer.save(0)  # Traces.
     checkpointer.wait()
     for step in range(1, 4 * _REPETITIONS.value + 1):
@@ -368,11 +396,11 @@ def _bare_first_step() -> float:
 
 def _costs() -> tuple[str, list[Target]]:
   """Two fixed costs behind ctl's design, measured on their own."""
-  from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
+  from benchmarks import workloads as bw  # pylint: disable=g-import-not-at-top
   contenders = {
       'tf.data: one element handed to a tf.function loop, microseconds':
           bw.tf_data_element_microseconds,
-      'a report of 6 scalars through ctl.summaries, milliseconds':
+      'a report of 6 scalars through ctl.runtime.summaries, milliseconds':
           lambda: bw.report_milliseconds('ctl'),
       'a report of 6 scalars through tf.summary.scalar, milliseconds':
           lambda: bw.report_milliseconds('tf.summary'),
@@ -396,7 +424,7 @@ def _levers(workload_name: str) -> tuple[str, list[Target]]:
   tf.data pipeline is the one they apply to: ctl gathers its batches in the
   step from one element per loop instead.
   """
-  from ctl import bench_workloads as bw  # pylint: disable=g-import-not-at-top
+  from benchmarks import workloads as bw  # pylint: disable=g-import-not-at-top
   sections = []
   for name, levers in _LEVERS[workload_name].items():
     if workload_name == 'two_workers':
@@ -490,6 +518,7 @@ _SECTION_FUNCTIONS = {
     'mlp': lambda: _single_process('mlp'),
     'cnn': lambda: _single_process('cnn'),
     'two_workers': _two_workers,
+    'user_task': _user_task,
     'checkpoints': _checkpoints,
     'startup': _startup,
     'costs': _costs,

@@ -1,4 +1,4 @@
-"""The 2-worker ceiling for `python -m ctl.bench`: the step and nothing else.
+"""The 2-worker ceiling for `python -m benchmarks.bench`: the step alone.
 
 Each worker runs the tutorials' CNN step (forward, backward, the gradients'
 all-reduce and RMSprop's update, as Keras does them) on one batch of 64
@@ -6,7 +6,8 @@ already in memory, 100 steps per tf.function call: no input pipeline,
 metrics, checkpoints or logs. No training loop on the same workers can be
 faster.
 
-    TF_CONFIG=... python -m ctl.bench_ceiling
+    # From the repository root:
+    TF_CONFIG=... python -m benchmarks.ceiling
 """
 
 import json
@@ -17,8 +18,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ctl import bench_workloads as bw
-from ctl import steps as steps_lib
+from benchmarks import workloads as bw
+from ctl.training import steps as steps_lib
 
 _STEPS_PER_CALL = 100
 _CALLS = 2
@@ -28,8 +29,8 @@ def main() -> None:
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   workload = bw.WORKLOADS['cnn']
   with strategy.scope():
-    data, model, optimizer, _ = bw.parts(workload)
-    optimizer.build(model.trainable_variables)
+    data, task, _ = bw.parts(workload)  # The optimizer's slots are built.
+  model, optimizer = task.model, task.optimizer
   per_example_loss = keras.losses.SparseCategoricalCrossentropy(
       from_logits=True, reduction=None)
   global_batch_size = workload.batch_size * strategy.num_replicas_in_sync

@@ -1,15 +1,16 @@
 """TensorFlow's "Custom training loop with Keras and MultiWorkerMirroredStrategy".
 
 The approach of that tutorial, written plainly as it writes it, for
-`python -m ctl.bench` to compare ctl with: one tf.function call per step, a
-new iterator each epoch over a `from_tensor_slices` dataset shuffled with a
-60,000-example buffer, a checkpoint of model, epoch and step-in-epoch at
-each epoch end (other workers into a temporary directory they delete).
-Changed from the tutorial: Keras 3 names (`reduction=None`,
+`python -m benchmarks.bench` to compare ctl with: one tf.function call per
+step, a new iterator each epoch over a `from_tensor_slices` dataset
+shuffled with a 60,000-example buffer, a checkpoint of model, epoch and
+step-in-epoch at each epoch end (other workers into a temporary directory
+they delete). Changed from the tutorial: Keras 3 names (`reduction=None`,
 `reset_state`), random MNIST-shaped data instead of a download, the
 checkpoint directory from argv, and timestamps for the benchmark.
 
-    TF_CONFIG=... python -m ctl.bench_tutorial CHECKPOINT_DIR
+    # From the repository root:
+    TF_CONFIG=... python -m benchmarks.tutorial CHECKPOINT_DIR
 """
 
 import json

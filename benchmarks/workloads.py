@@ -1,10 +1,13 @@
-"""What `python -m ctl.bench` measures: workloads, and what ctl is compared with.
+"""What `python -m benchmarks.bench` measures: workloads, and what ctl is
+compared with.
 
-Every contender trains the same model (built by ctl.models), optimizer
-(ctl.optimizers) and data. Each `*_speed` function builds its contender
-once and returns a function that trains a further stretch of steps and
-returns steps per second: repeated calls measure the steady state, tracing
-and warm-up left out, as ctl's own `timing.steps_per_second` does.
+ctl trains each workload as its built-in classification task
+(ctl/tasks/classification.py) through `ctl.training.run`; every other
+contender trains the same model, optimizer and data, as that task builds
+them. Each `*_speed` function builds its contender once and returns a
+function that trains a further stretch of steps and returns steps per
+second: repeated calls measure the steady state, tracing and warm-up left
+out, as ctl's own `timing.steps_per_second` does.
 """
 
 import dataclasses
@@ -18,10 +21,10 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import config as config_lib
-from ctl import datasets
-from ctl import models
-from ctl import optimizers
-from ctl import steps as steps_lib
+from ctl import task as task_lib
+from ctl import tasks
+from ctl.data import datasets
+from ctl.training import xla
 
 NUM_TRAIN = 60_000  # As MNIST.
 NUM_EVAL = 1_000
@@ -34,7 +37,7 @@ class Workload:
   name: str
   description: str
   data: str  # A dataset function of this module.
-  model: str  # A ctl.models builder.
+  model: str  # A ctl.tasks.models builder.
   optimizer: str
   batch_size: int
   measure_steps: int  # Steps per measurement of the hand-written loops.
@@ -80,8 +83,8 @@ def _split(features, rng, feature_scale) -> datasets.Data:
 
 def ctl_config(workload: Workload, **overrides) -> ml_collections.ConfigDict:
   """ctl's defaults for this workload; overrides are dotted keys."""
-  config = config_lib.base_config()
-  config.data.name = f'ctl.bench_workloads:{workload.data}'
+  config = config_lib.classification_config()
+  config.data.name = f'benchmarks.workloads:{workload.data}'
   config.model.name = workload.model
   config.optimizer.name = workload.optimizer
   config.batch_size = workload.batch_size
@@ -97,25 +100,34 @@ def ctl_config(workload: Workload, **overrides) -> ml_collections.ConfigDict:
 
 def ctl_speed(workload: Workload, **overrides) -> Callable[[], float]:
   """ctl's trainer, a fresh run each call: its steady steps per second."""
-  from ctl import train  # pylint: disable=g-import-not-at-top
+  return lambda: run_speed(ctl_config(workload, **overrides))
 
-  def measure() -> float:
-    with tempfile.TemporaryDirectory() as workdir:
-      results = train.train_and_evaluate(ctl_config(workload, **overrides),
-                                         workdir)
-    return results['timing']['steps_per_second']
 
-  return measure
+def run_speed(config: ml_collections.ConfigDict) -> float:
+  """Trains config's task with ctl in a new workdir; its steady steps/s."""
+  from ctl.training import run  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as workdir:
+    results = run.train_and_evaluate(config, workdir)
+  return results['timing']['steps_per_second']
+
+
+def build_task(workload: Workload) -> task_lib.Task:
+  """The workload's classification task, built as ctl's trainer builds it
+  (call inside the strategy's scope, if any)."""
+  config = ctl_config(workload)
+  task = tasks.resolve(config.task)(config)
+  task.total_steps = config.total_steps
+  task.build()
+  return task
 
 
 def parts(workload: Workload):
-  """The data, model, optimizer and loss every contender shares."""
-  config = ctl_config(workload)
-  data = globals()[workload.data](config.data)
-  model = models.build_model(config.model, data.input_shape, data.num_classes)
-  optimizer = optimizers.build_optimizer(config.optimizer, 10**9)
+  """What every contender shares: the data, the classification task (its
+  model, and its optimizer with slots built) and the loss."""
+  task = build_task(workload)
+  data = globals()[workload.data](task.config.data)
   loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-  return data, model, optimizer, loss
+  return data, task, loss
 
 
 def _hand_pipeline(data: datasets.Data, batch_size: int, *,
@@ -186,9 +198,9 @@ def hand_loop_speed(workload: Workload, **pipeline) -> Callable[[], float]:
 
   pipeline: the tf.data levers of _hand_pipeline.
   """
-  data, model, optimizer, loss = parts(workload)
+  data, task, loss = parts(workload)
   iterator = iter(_hand_pipeline(data, workload.batch_size, **pipeline))
-  step = _train_step(model, optimizer, loss)
+  step = _train_step(task.model, task.optimizer, loss)
   return _loop_speed(lambda: step(*next(iterator)), workload.measure_steps)
 
 
@@ -198,15 +210,15 @@ def compute_only_speed(workload: Workload,
 
   jit_compile: as ctl's; ctl's 'auto' is the ceiling of ctl's default.
   """
-  data, model, optimizer, loss = parts(workload)
+  data, task, loss = parts(workload)
   features = tf.constant(np.asarray(
       data.train.features[:workload.batch_size], np.float32) *
                          data.feature_scale)
   labels = tf.constant(data.train.labels[:workload.batch_size])
-  step = _train_step(model, optimizer, loss)
+  step = _train_step(task.model, task.optimizer, loss)
   if jit_compile == 'auto':
-    jit_compile = steps_lib.resolve_jit_compile('auto', num_replicas=1,
-                                                model=model)
+    jit_compile = xla.resolve('auto', num_replicas=1, task=task,
+                              in_memory=True)
   return _loop_speed(lambda: step(features, labels), workload.measure_steps,
                      jit_compile=jit_compile)
 
@@ -218,8 +230,9 @@ def keras_fit_speed(workload: Workload, steps_per_execution: int,
   jit_compile: Model.compile's; its 'auto' means no XLA on a machine
   without GPUs.
   """
-  data, model, optimizer, loss = parts(workload)
-  model.compile(optimizer=optimizer, loss=loss, metrics=['accuracy'],
+  data, task, loss = parts(workload)
+  model = task.model
+  model.compile(optimizer=task.optimizer, loss=loss, metrics=['accuracy'],
                 steps_per_execution=steps_per_execution,
                 jit_compile=jit_compile)
   dataset = _hand_pipeline(data, workload.batch_size)
@@ -279,17 +292,17 @@ def tf_data_element_microseconds(num_elements: int = 3000) -> float:
 def report_milliseconds(writer: str, num_reports: int = 50) -> float:
   """What writing one report of 6 scalars costs the training thread.
 
-  writer: 'ctl' (ctl.summaries.TensorBoardWriter) or 'tf.summary' (eager
-  tf.summary.scalar calls under a default file writer).
+  writer: 'ctl' (ctl.runtime.summaries.TensorBoardWriter) or 'tf.summary'
+  (eager tf.summary.scalar calls under a default file writer).
   """
-  from ctl import summaries  # pylint: disable=g-import-not-at-top
+  from ctl.runtime import summaries  # pylint: disable=g-import-not-at-top
   scalars = {name: 0.5 for name in ('loss', 'accuracy', 'learning_rate',
                                     'steps_per_second', 'examples_per_second',
                                     'eval_accuracy')}
   with tempfile.TemporaryDirectory() as logdir:
     if writer == 'ctl':
       ctl_writer = summaries.TensorBoardWriter(logdir)
-      write = ctl_writer.write_scalars
+      write = ctl_writer.write
       close = ctl_writer.close
     else:
       tf_writer = tf.summary.create_file_writer(logdir)

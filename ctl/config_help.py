@@ -15,14 +15,16 @@ import ml_collections
 
 from ctl import config as config_lib
 
+# Built-in tasks whose configs start from classification_config().
+_CLASSIFICATION_TASKS = ('classification', 'keras_model')
 _ASSIGNMENT = re.compile(r'\s*config((?:\.\w+)+)\s*=')
 
 
-def field_comments() -> dict[str, str]:
+def field_comments(config_functions) -> dict[str, str]:
   """{'optimizer.learning_rate': 'Peak learning rate.', ...} from the source
-  of ctl/config.py's config functions."""
-  source = ''.join(inspect.getsource(function) for function in (
-      config_lib.base_config, config_lib.classification_config))
+  of config functions (ctl/config.py's)."""
+  source = ''.join(inspect.getsource(function)
+                   for function in config_functions)
   trailing = _trailing_comments(source)
   comments, pending = {}, []
   for number, line in enumerate(source.splitlines(), start=1):
@@ -50,9 +52,17 @@ def _trailing_comments(source: str) -> dict[int, str]:
 
 
 def describe(config: ml_collections.ConfigDict) -> str:
-  """The config as `key = value` lines, each under its comment."""
-  comments = field_comments()
-  defaults = config_lib.leaves(config_lib.classification_config().to_dict())
+  """The config as `key = value` lines, each under its comment.
+
+  Defaults and comments are the built-in classification task's for its
+  configs, else the framework's (base_config()) alone: a task's own
+  fields are its config file's.
+  """
+  reference = config_lib.base_config
+  if config.task in _CLASSIFICATION_TASKS:
+    reference = config_lib.classification_config
+  comments = field_comments([config_lib.base_config, reference])
+  defaults = config_lib.leaves(reference().to_dict())
   lines, sections_seen = [], set()
   for key, value in config_lib.leaves(config.to_dict()).items():
     section = key.rpartition('.')[0]
@@ -65,7 +75,7 @@ def describe(config: ml_collections.ConfigDict) -> str:
     if key in defaults and defaults[key] != value:
       line += f'  # default: {defaults[key]!r}'
     elif key not in defaults:
-      line += '  # set by this config file'
+      line += '  # set by this config file (the task\'s own)'
     lines.append(line)
   return '\n'.join(lines)
 

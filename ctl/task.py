@@ -65,16 +65,30 @@ class StepContext:
 
   def __init__(self, *, global_batch_size: int, step: tf.Tensor, seed: int,
                training: bool, all_reduce_dtype: str = 'float32'):
-    replica_context = tf.distribute.get_replica_context()
     self.global_batch_size = global_batch_size
-    self.step = tf.cast(step, tf.int64)
-    self.num_replicas = replica_context.num_replicas_in_sync
-    self.replica_id = replica_context.replica_id_in_sync_group
-    self.seed = tf.stack([
-        tf.constant(seed, tf.int64),
-        self.step * self.num_replicas + tf.cast(self.replica_id, tf.int64)])
     self.training = training
+    self._step = step
+    self._seed = seed
     self._all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
+
+  # Computed when a step reads them: ops a step does not use cost nothing.
+  @property
+  def step(self) -> tf.Tensor:
+    return tf.cast(self._step, tf.int64)
+
+  @property
+  def num_replicas(self) -> int:
+    return tf.distribute.get_replica_context().num_replicas_in_sync
+
+  @property
+  def replica_id(self):
+    return tf.distribute.get_replica_context().replica_id_in_sync_group
+
+  @property
+  def seed(self) -> tf.Tensor:
+    return tf.stack([
+        tf.constant(self._seed, tf.int64),
+        self.step * self.num_replicas + tf.cast(self.replica_id, tf.int64)])
 
   def all_reduce_sum(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """Sums tensors (gradients) over every replica of every worker.
@@ -165,7 +179,7 @@ class Task(tf.Module):
     """Trains on one replica's batch; returns scalar logs.
 
     Runs in replica context on every replica. The logs are averaged over
-    replicas and steps (weighted by examples) and logged and summarised.
+    replicas and steps and logged and summarised.
     `tf.summary` calls here are written by the chief at the summary
     interval.
     """
@@ -185,6 +199,11 @@ class Task(tf.Module):
     """Reduces a whole eval pass's per-example outputs (AUC, a confusion
     matrix): scalars, Image or Histogram results."""
     del name, outputs
+    return {}
+
+  def report_logs(self) -> Mapping[str, float]:
+    """Logs read in Python at each report, not in every step (e.g. the
+    learning rate); eager, on every worker."""
     return {}
 
   def models(self) -> list[keras.Model]:

@@ -79,14 +79,37 @@ def read_scalars(logdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
   return dict(scalars)
 
 
+def read_events(logdir: pathlib.Path) -> dict[str, list[tuple[int, object]]]:
+  """{tag: [(step, summary value), ...]} of every kind (images, histograms)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  events = collections.defaultdict(list)
+  for path in sorted(logdir.glob('events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        events[value.tag].append((event.step, value))
+  return dict(events)
+
+
+def checkpoint_tensors(checkpoint_path) -> dict:
+  """{name: value} of every tensor in a checkpoint."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(str(checkpoint_path))
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
+
+
 def model_tensors(checkpoint_path) -> dict:
-  """{name: value} of the model's weights in a ctl checkpoint."""
+  """{name: value} of the task's model weights in a ctl checkpoint.
+
+  A checkpoint names each variable once, by its shortest path: trainable
+  weights appear as the optimizer's, the others as the model's.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   reader = tf.train.load_checkpoint(str(checkpoint_path))
   return {
       name: reader.get_tensor(name)
       for name in reader.get_variable_to_shape_map()
-      if name.startswith(('model/', 'optimizer/_trainable_variables/'))
+      if name.startswith(('task/model/', 'task/optimizer/_trainable_variables/'))
   }
 
 
@@ -139,10 +162,29 @@ def file_stamps(directory: pathlib.Path) -> dict[str, tuple[int, int]]:
   }
 
 
+def digits(num_epochs=2, **fields):
+  """configs/digits.py, shorter; fields are dotted keys -> values:
+  digits(1, **{'model.width': 16})."""
+  return override(load_config('digits'), num_epochs=num_epochs, **fields)
+
+
+def override(config, **fields):
+  """Sets each dotted key of fields in config; returns config."""
+  for key, value in fields.items():
+    section, _, field = key.rpartition('.')
+    (config[section] if section else config)[field] = value
+  return config
+
+
 def load_config(name: str, *args):
   """Returns configs/<name>.py's get_config(*args)."""
+  return load_config_file(REPO / 'configs' / f'{name}.py', *args)
+
+
+def load_config_file(path: pathlib.Path, *args):
+  """Returns the get_config(*args) of the config file at path."""
   import importlib.util  # pylint: disable=g-import-not-at-top
-  path = REPO / 'configs' / f'{name}.py'
+  name = pathlib.Path(path).stem
   spec = importlib.util.spec_from_file_location(f'configs_{name}', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

@@ -1,8 +1,11 @@
-"""A user's own dataset, model and loss, named in configs as module:function."""
+"""A user's own dataset, model, loss and tasks, named in configs as
+module:function or module:Class."""
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+import ctl
 
 
 def blobs(config):
@@ -42,3 +45,152 @@ def not_xla(config, *, input_shape, num_classes):
   return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
                            keras.layers.Dense(16), _PythonRelu(),
                            keras.layers.Dense(num_classes)])
+
+
+class NoisyRegression(ctl.Task):
+  """A user's task over a tf.data pipeline: sharded per worker, shuffled,
+  augmented with stateless noise seeded by (seed, example), with dropout.
+
+  Config: tests/configs/noisy_regression.py.
+  """
+
+  def build(self):
+    self.model = keras.Sequential([
+        keras.Input((4,)), keras.layers.Dense(16, activation='relu'),
+        keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+    self.optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    self.optimizer.build(self.model.trainable_variables)
+    self.eval_metrics = [keras.metrics.MeanAbsoluteError('mae')]
+
+  def _examples(self, seed, num_examples):
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(num_examples, 4)).astype(np.float32)
+    targets = (features @ np.array([[1.0], [-2.0], [0.5], [0.0]], np.float32)
+               + 0.3).astype(np.float32)
+    return features, targets
+
+  def train_data(self, context):
+    features, targets = self._examples(0, 512)
+    seed = self.config.seed
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (tf.range(512, dtype=tf.int64), features, targets))
+    dataset = dataset.shard(context.num_input_pipelines,
+                            context.input_pipeline_id)
+    dataset = dataset.shuffle(256, seed=seed)
+
+    def augment(index, x, y):
+      noise = tf.random.stateless_normal(
+          tf.shape(x), seed=tf.stack([tf.constant(seed, tf.int64), index]))
+      return x + 0.01 * noise, y
+
+    batch = context.get_per_replica_batch_size(self.config.batch_size)
+    return dataset.map(augment).batch(batch, drop_remainder=True)
+
+  def eval_data(self, context):
+    del context
+    return ctl.InMemory(self._examples(1, 128))
+
+  def train_step(self, batch, ctx):
+    x, y = batch
+    with tf.GradientTape() as tape:
+      per_example = tf.reduce_mean(
+          tf.square(self.model(x, training=True) - y), axis=-1)
+      loss = tf.nn.compute_average_loss(
+          per_example, global_batch_size=ctx.global_batch_size)
+    gradients = tape.gradient(loss, self.model.trainable_variables)
+    self.optimizer.apply_gradients(
+        zip(gradients, self.model.trainable_variables))
+    return {'loss': tf.reduce_mean(per_example)}
+
+  def eval_step(self, batch, ctx):
+    x, y = batch
+    prediction = self.model(x)
+    self.eval_metrics[0].update_state(y, prediction)
+    return {'mse': tf.reduce_mean(tf.square(prediction - y))}
+
+
+class StatefulPipeline(NoisyRegression):
+  """Augments with a stateful op: its data position cannot be saved."""
+
+  def train_data(self, context):
+    return super().train_data(context).map(
+        lambda x, y: (x + tf.random.uniform(tf.shape(x)), y))
+
+
+class NonScalarLogs(NoisyRegression):
+  """Returns a per-example log from train_step: an error."""
+
+  def train_step(self, batch, ctx):
+    super().train_step(batch, ctx)
+    return {'per_example': tf.reduce_sum(batch[0], axis=-1)}
+
+
+class MissingStep(ctl.Task):
+  """Lacks train_step."""
+
+  def build(self):
+    pass
+
+  def train_data(self, context):
+    return ctl.InMemory((np.zeros((8, 1)),))
+
+
+class SummarizedRegression(NoisyRegression):
+  """Writes its own tf.summary in train_step; two eval sets, and eval_end
+  results of every kind."""
+
+  def train_step(self, batch, ctx):
+    logs = super().train_step(batch, ctx)
+    tf.summary.scalar('kernel_norm', tf.norm(self.model.weights[0]))
+    return logs
+
+  def eval_data(self, context):
+    del context
+    return {'near': ctl.InMemory(self._examples(1, 100)),
+            'far': ctl.InMemory(self._examples(2, 60))}
+
+  def eval_step(self, batch, ctx):
+    logs = super().eval_step(batch, ctx)
+    x, y = batch
+    return {**logs, 'error': tf.abs(self.model(x) - y)[:, 0]}
+
+  def eval_end(self, name, outputs):
+    errors = outputs['error']
+    return {'examples': float(len(errors)),
+            'errors': ctl.Histogram(errors),
+            'error_image': ctl.Image(np.tile(
+                errors[None, :, None] / errors.max(), (4, 1, 1)))}
+
+
+class CountingModel(keras.Model):
+  """A Keras model whose own train_step and test_step count their calls."""
+
+  def __init__(self, num_classes):
+    super().__init__()
+    self.dense = keras.layers.Dense(num_classes)
+    self.train_calls = self.add_weight(shape=(), initializer='zeros',
+                                       trainable=False, name='train_calls')
+
+  def call(self, inputs):
+    return self.dense(inputs)
+
+  def train_step(self, data):
+    self.train_calls.assign_add(1.0)
+    return super().train_step(data)
+
+
+def counting_model(config, *, input_shape, num_classes):
+  """A compiled CountingModel (config.task='keras_model')."""
+  del config
+  model = CountingModel(num_classes)
+  model(np.zeros((1, *input_shape), np.float32))  # Builds every layer.
+  model.compile(optimizer=keras.optimizers.SGD(0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True),
+                metrics=[keras.metrics.SparseCategoricalAccuracy('acc')])
+  return model
+
+
+def three_arguments(labels, logits, weights):
+  """A loss that wants a third argument: the step cannot call it."""
+  return labels * logits * weights

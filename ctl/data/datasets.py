@@ -11,6 +11,7 @@ import importlib.util
 import os
 import zipfile
 
+from absl import logging
 import ml_collections
 import numpy as np
 
@@ -115,7 +116,24 @@ def load_mnist(config: ml_collections.ConfigDict) -> Data:
   return Data(train=train, eval=test, num_classes=10, feature_scale=1 / 255)
 
 
-_LOADERS = {'digits': load_digits, 'mnist': load_mnist}
+def load_mnist_standin(config: ml_collections.ConfigDict) -> Data:
+  """Random images of MNIST's shapes and classes, for smoke runs offline."""
+  del config
+  logging.warning('data.name=mnist_standin: generated random images of '
+                  "MNIST's shapes (28x28 uint8, 10 classes), NOT MNIST: a "
+                  'smoke run of the pipeline, not of the model.')
+  rng = np.random.default_rng(_SPLIT_SEED)
+
+  def split(num_examples):
+    return Split(rng.integers(0, 256, (num_examples, 28, 28), np.uint8),
+                 rng.integers(0, 10, num_examples).astype(np.int32))
+
+  return Data(train=split(2048), eval=split(512), num_classes=10,
+              feature_scale=1 / 255)
+
+
+_LOADERS = {'digits': load_digits, 'mnist': load_mnist,
+            'mnist_standin': load_mnist_standin}
 
 
 def _digits_file() -> str:

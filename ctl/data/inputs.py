@@ -100,8 +100,10 @@ class DatasetInput:
     return batch
 
 
-def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int) -> int:
-  """config.steps_per_epoch, or else one pass of a finite dataset.
+def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int,
+                       local_replicas: int = 1) -> int:
+  """config.steps_per_epoch, or else one pass of a finite dataset, whose
+  elements a step takes local_replicas at a time.
 
   Raises:
     ConfigError: for an endless or unknown-length dataset without
@@ -110,14 +112,13 @@ def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int) -> int:
   if configured:
     return configured
   cardinality = int(dataset.cardinality())
-  if cardinality > 0:
-    return cardinality
+  if cardinality >= local_replicas:
+    return cardinality // local_replicas
   kind = ('endless' if cardinality == tf.data.INFINITE_CARDINALITY
           else 'of unknown length')
   raise errors.ConfigError(
       f'The task\'s training dataset is {kind}, so ctl cannot tell how many '
-      'steps an epoch has: set config.steps_per_epoch (or num_epochs with a '
-      'dataset of known length, or total_steps).')
+      'steps an epoch has: set config.steps_per_epoch.')
 
 
 def _is_finite(dataset: tf.data.Dataset) -> bool:

@@ -219,6 +219,31 @@ class DataPositions:
   def _prefix(self, step: int) -> str:
     return os.path.join(self._directory, f'ckpt-{step}')
 
+  def check_savable(self) -> None:
+    """Saves the position once to scratch, so that a pipeline whose state
+    cannot be saved fails before training, not at the first checkpoint.
+
+    Raises:
+      CtlError: naming the op that makes the pipeline's state unsavable.
+    """
+    if not self.enabled:
+      return
+    scratch = tempfile.mkdtemp(prefix='ctl-data-check-')
+    try:
+      self._checkpoint.write(os.path.join(scratch, 'check'))
+    except tf.errors.FailedPreconditionError as error:
+      reason = error.message.strip().splitlines()[0]
+      reason = reason.split('}}')[-1].split('[Op:')[0].strip()
+      raise errors.CtlError(
+          f'The training pipeline\'s position cannot be saved: {reason} '
+          '(a stateful op in the tf.data pipeline, such as tf.random.uniform, '
+          'a Keras random layer or tf.py_function in map). ctl must save it '
+          'to resume exactly: draw random numbers with stateless ops seeded '
+          'by (seed, epoch, example), e.g. ctl.data.augment.seeds and '
+          'tf.random.stateless_uniform.') from error
+    finally:
+      shutil.rmtree(scratch, ignore_errors=True)
+
   def save(self, step: int) -> None:
     if not self.enabled:
       return

@@ -1,17 +1,267 @@
-"""TEMPORARY shim while ctl/distribution.py is being changed elsewhere."""
-# pylint: disable=wildcard-import,unused-wildcard-import
-from ctl.distribution import *  # noqa: F401,F403
-from ctl.distribution import Task  # noqa: F401
+"""Builds the tf.distribute strategy and says which task this process is.
 
+A multi-worker start-up is bounded and can be stopped: before TensorFlow
+starts its server, `build_strategy` checks TF_CONFIG and waits for every
+peer in Python (ctl/cluster.py says why TensorFlow's own wait cannot be
+bounded or interrupted), within `distribution.startup_timeout_seconds`,
+with SIGTERM stopping the wait (exit code 42: nothing was trained).
+"""
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+
+from absl import logging
+import ml_collections
 import tensorflow as tf
 
+from ctl.runtime import cluster as cluster_lib
+from ctl.runtime import rendezvous
+from ctl.runtime import tf_internals
+from ctl import errors
 
-def worker_index(task) -> int:
-  """This worker's input pipeline: the chief 0, then the workers."""
-  if task.task_type == 'worker' and any(
-      peer.startswith('chief:') for peer in task.peers):
-    return task.task_id + 1
-  return task.task_id
+_RESOLVERS = {
+    'tf_config': tf.distribute.cluster_resolver.TFConfigClusterResolver,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """This process's place in the job."""
+
+  task_type: str | None  # None for a single process.
+  task_id: int
+  num_workers: int
+  is_chief: bool  # The chief alone writes checkpoints, summaries and results.
+  # The job's other tasks, as 'worker:1'; none for a single process.
+  peers: tuple[str, ...] = ()
+
+  @property
+  def name(self) -> str:
+    return f'{self.task_type}:{self.task_id}' if self.task_type else 'single'
+
+  @property
+  def worker_index(self) -> int:
+    """This worker's input pipeline: the chief 0, then the workers."""
+    if self.task_type == 'worker' and any(
+        peer.startswith('chief:') for peer in self.peers):
+      return self.task_id + 1
+    return self.task_id
+
+
+def is_chief(task_type: str | None, task_id: int,
+             cluster_spec: tf.train.ClusterSpec) -> bool:
+  """Decides the chief as TensorFlow's multi-worker tutorials do.
+
+  The task of type 'chief' is the chief; without one, worker 0 is; a single
+  process (no task type) is its own chief.
+  """
+  return cluster_lib.is_chief(task_type, task_id, cluster_spec.jobs)
+
+
+def build_strategy(
+    config: ml_collections.ConfigDict
+) -> tuple[tf.distribute.Strategy, Task]:
+  """Builds the strategy named by config (the `distribution` section).
+
+  Must run before any other TensorFlow op: a multi-worker strategy configures
+  the runtime, and is only built once every worker of the cluster has
+  started (see `_build_multi_worker`).
+
+  Raises:
+    ConfigError: TF_CONFIG is malformed, names an evaluator task (not
+      supported yet), or is missing for strategy 'multi_worker'.
+    PeerFailure: the cluster did not form within
+      config.startup_timeout_seconds.
+    Preempted: SIGTERM came while this task waited for the cluster.
+    CtlError: this task cannot listen at its TF_CONFIG address.
+  """
+  cluster = _read_cluster(config.cluster_resolver)
+  if cluster is not None and cluster.task_type == 'evaluator':
+    raise errors.ConfigError(
+        f'TF_CONFIG makes this process the evaluator ({cluster.task_name} at '
+        f'{cluster.address}): ctl does not support an evaluator task yet. '
+        'Start only the "chief" and "worker" tasks (the chief evaluates as '
+        'it trains), and leave "evaluator" out of the cluster.')
+  kind = _choose_kind(config.strategy, has_cluster=cluster is not None)
+  if kind == 'multi_worker':
+    if cluster is None:
+      raise errors.ConfigError(
+          "distribution.strategy='multi_worker' needs a cluster, but "
+          f'{config.cluster_resolver!r} found none (is TF_CONFIG set?).')
+    return _build_multi_worker(config, cluster)
+  if kind == 'mirrored':
+    strategy = tf.distribute.MirroredStrategy(_local_devices())
+  elif kind == 'one_device':
+    gpus = tf.config.list_logical_devices('GPU')
+    strategy = tf.distribute.OneDeviceStrategy(
+        gpus[0].name if gpus else '/cpu:0')
+  else:
+    strategy = tf.distribute.get_strategy()
+  # A single process waits for no one: its start-up needs no guard.
+  return strategy, Task(task_type=None, task_id=0, num_workers=1,
+                        is_chief=True)
+
+
+def _read_cluster(resolver: str) -> cluster_lib.Cluster | None:
+  """The cluster that the resolver named by config describes, checked."""
+  del resolver  # 'tf_config' is the only one (config.CLUSTER_RESOLVERS).
+  return cluster_lib.from_tf_config(os.environ.get('TF_CONFIG'))
+
+
+def _build_multi_worker(
+    config: ml_collections.ConfigDict, cluster: cluster_lib.Cluster
+) -> tuple[tf.distribute.Strategy, Task]:
+  """Waits for the cluster to form, then builds MultiWorkerMirroredStrategy.
+
+  The wait (rendezvous.wait_for_peers) is bounded by
+  config.startup_timeout_seconds and ends on SIGTERM. TensorFlow's own wait
+  inside the constructor then only lasts until the peers, which have all
+  arrived, enter theirs.
+  """
+  timeout = config.startup_timeout_seconds
+  with _StartUpSignal() as sigterm:
+    logging.info('Cluster: this task is %s. Waiting %s for every peer to '
+                 'start.', cluster.describe(),
+                 f'up to {timeout:g} s' if timeout else 'without a limit')
+    started = time.monotonic()
+    if not rendezvous.wait_for_peers(cluster, timeout,
+                                      lambda: sigterm.received):
+      raise _preempted_at_start_up()
+    logging.info('Every peer has started (after %.1f s): joining the cluster.',
+                 time.monotonic() - started)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=_RESOLVERS[config.cluster_resolver](),
+        communication_options=_communication_options(config))
+    # A SIGTERM that came during the (C++) constructor before TensorFlow
+    # installed its own handler in there has been recorded by now. One that
+    # came after is lost to TensorFlow's flag, which ctl does not read: the
+    # constructor lasts about half a second once the peers are there (2
+    # workers on localhost), which leaves that window small.
+    if sigterm.received:
+      raise _preempted_at_start_up()
+  return strategy, Task(task_type=cluster.task_type,
+                        task_id=cluster.task_index,
+                        num_workers=len(cluster.training_tasks),
+                        is_chief=cluster.is_chief, peers=cluster.peers)
+
+
+def _preempted_at_start_up() -> errors.Preempted:
+  """The error that ends a start-up stopped by SIGTERM (exit code 42)."""
+  return errors.Preempted(
+      'SIGTERM while this task waited for the cluster to form: it stopped '
+      'before training, so nothing was trained or written. Restart all '
+      'workers to run the job.')
+
+
+class _StartUpSignal:
+  """A context in which SIGTERM is recorded instead of killing.
+
+  On leaving, SIGTERM's previous Python handler (normally the default: the
+  process ends) comes back, replacing TensorFlow's, which only sets a flag
+  nothing reads before training installs its own (preemption.StopSignal):
+  a SIGTERM in between ends the process (code -15) before anything was
+  trained, rather than being lost.
+
+  Off the main thread Python cannot install handlers: SIGTERM is then left
+  as it is and only the start-up timeout bounds the wait.
+  """
+
+  def __init__(self):
+    self.received = False
+    self._installed = False
+    self._previous = signal.SIG_DFL
+
+  def __enter__(self) -> '_StartUpSignal':
+    if threading.current_thread() is threading.main_thread():
+      previous = signal.signal(signal.SIGTERM, self._handle)
+      # None: the handler was not installed from Python; the default then.
+      self._previous = signal.SIG_DFL if previous is None else previous
+      self._installed = True
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._installed:
+      signal.signal(signal.SIGTERM, self._previous)
+
+  def _handle(self, signum, frame) -> None:
+    del signum, frame
+    # Only a flag: the wait reads it between probes and raises from there.
+    self.received = True
+
+
+def leave_together(task: Task, timeout_seconds: float) -> None:
+  """Returns once this worker can exit without failing the others.
+
+  ctl exits without TensorFlow's shutdown, which takes seconds (ctl/main.py),
+  and with it skips its wait for the other workers: a worker that exits
+  while a peer still receives its part of the last collective fails that
+  peer ("Socket closed"). So every worker first waits at a barrier (then
+  every collective is complete everywhere), and the chief, which hosts the
+  coordination service holding the barrier, leaves last: once every other
+  worker has said it got past it. A failure here is logged, not raised:
+  this worker's work is done.
+
+  Args:
+    task: this process's place in the job.
+    timeout_seconds: how long to wait for the others; 0 waits a day.
+  """
+  if not task.peers:
+    return
+  # The coordination service's barrier and key-value store: TensorFlow's own
+  # (tf.distribute's failure handling uses them), with no public API.
+  coordination = tf_internals.coordination_service()
+  timeout_ms = int(1000 * (timeout_seconds or 24 * 3600))
+  try:
+    coordination.wait_at_barrier('ctl/exit', timeout_ms)
+    if task.is_chief:
+      for peer in task.peers:
+        coordination.get_config_key_value(f'ctl/left/{peer}', timeout_ms)
+    else:
+      coordination.set_config_key_value(f'ctl/left/{task.name}', 'left')
+  except tf.errors.OpError as error:
+    logging.warning('Not all workers reached the end together: %s',
+                    error.message.strip().splitlines()[0])
+
+
+def _local_devices() -> list[str]:
+  """Every local GPU; without GPUs, every logical CPU device.
+
+  A machine has one logical CPU device unless the program splits it
+  (tf.config.set_logical_device_configuration), as the tests do to run
+  several replicas in one process.
+  """
+  devices = (tf.config.list_logical_devices('GPU') or
+             tf.config.list_logical_devices('CPU'))
+  return [device.name for device in devices]
+
+
+def _choose_kind(strategy: str, has_cluster: bool) -> str:
+  """Resolves 'auto' to a concrete strategy kind."""
+  if strategy != 'auto':
+    return strategy
+  if has_cluster:
+    return 'multi_worker'
+  num_gpus = len(tf.config.list_physical_devices('GPU'))
+  if num_gpus > 1:
+    return 'mirrored'
+  # One GPU: OneDeviceStrategy puts the step on it. On a CPU alone it adds
+  # nothing (and measured no faster, BENCHMARKS.md), so the default
+  # strategy runs the step as written.
+  return 'one_device' if num_gpus == 1 else 'default'
+
+
+def _communication_options(
+    config: ml_collections.ConfigDict
+) -> tf.distribute.experimental.CommunicationOptions:
+  implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
+                           config.collective)
+  return tf.distribute.experimental.CommunicationOptions(
+      bytes_per_pack=config.bytes_per_pack,
+      implementation=implementation,
+      timeout_seconds=config.timeout_seconds or None)
 
 
 def local_replicas(strategy: tf.distribute.Strategy) -> int:

@@ -17,8 +17,10 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.histogram import summary_v2 as histogram_summary
-from tensorboard.plugins.image import summary as image_summary
+from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.plugins.scalar import summary_v2 as scalar_summary
+from tensorboard.util import encoder
+from tensorboard.util import tensor_util
 import tensorflow as tf
 
 
@@ -103,7 +105,14 @@ def _summary_values(name: str, result: Any) -> list:
       pixels = pixels[None]
     if pixels.dtype != np.uint8:
       pixels = (np.clip(pixels, 0, 1) * 255).astype(np.uint8)
-    return list(image_summary.pb(name, pixels, max_outputs=len(pixels)).value)
+    # TensorBoard's image format: [width, height, PNG, PNG, ...] as strings.
+    height, width = pixels.shape[1:3]
+    encoded = [str(width).encode(), str(height).encode(),
+               *(encoder.encode_png(image) for image in pixels)]
+    return [summary_pb2.Summary.Value(
+        tag=name, metadata=image_metadata.create_summary_metadata(
+            display_name=name, description=''),
+        tensor=tensor_util.make_tensor_proto(encoded))]
   if isinstance(result, Histogram):
     return list(histogram_summary.histogram_pb(
         name, np.asarray(result.values, np.float64)).value)

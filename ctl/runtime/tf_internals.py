@@ -49,19 +49,27 @@ def keras_gradients_already_reduced(optimizer: keras.optimizers.Optimizer):
   Keras 3's TensorFlow optimizers sum gradients over the replicas in
   `_all_reduce_sum_gradients`, in replica context. A step that summed them
   itself (to clip the sum, or send 16 bits) must skip that. The change is
-  only in effect while the step is traced, so it is baked into that graph
+  in effect while the step is traced, so it is baked into that graph
   alone; the optimizer a LossScaleOptimizer wraps changes too.
+  MirroredStrategy traces each replica's step in a thread of its own, all
+  on one optimizer, so the change is counted and undone by the last user.
   """
   instances = [optimizer]
   if getattr(optimizer, 'inner_optimizer', None) is not None:
     instances.append(optimizer.inner_optimizer)
   for instance in instances:
-    instance._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
+    users = vars(instance).get('_ctl_reduced_users', 0)
+    if not users:
+      instance._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
+    instance._ctl_reduced_users = users + 1  # pylint: disable=protected-access
   try:
     yield
   finally:
     for instance in instances:
-      del instance._all_reduce_sum_gradients  # pylint: disable=protected-access
+      instance._ctl_reduced_users -= 1  # pylint: disable=protected-access
+      if not instance._ctl_reduced_users:  # pylint: disable=protected-access
+        del instance._all_reduce_sum_gradients  # pylint: disable=protected-access
+        del instance._ctl_reduced_users  # pylint: disable=protected-access
 
 
 def keras_reduces_gradients(optimizer: keras.optimizers.Optimizer) -> bool:

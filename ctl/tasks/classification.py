@@ -70,8 +70,11 @@ class Classification(task_lib.Task):
           self.optimizer, zip(ctx.all_reduce_sum(gradients), variables))
     for metric in self.train_metrics:
       metric.update_state(labels, logits)
-    return {'loss': tf.reduce_mean(per_example_loss) + regularization,
-            'learning_rate': tf.cast(self.optimizer.learning_rate, tf.float32)}
+    return {'loss': tf.reduce_mean(per_example_loss) + regularization}
+
+  def report_logs(self) -> dict[str, float]:
+    # Read once per report, not in every step: a schedule costs ops.
+    return {'learning_rate': float(self.optimizer.learning_rate)}
 
   def eval_step(self, batch, ctx: task_lib.StepContext) -> dict:
     del ctx

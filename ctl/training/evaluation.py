@@ -129,8 +129,9 @@ class Evaluator:
     ctx = task_lib.StepContext(
         global_batch_size=self._eval_batch_size, step=step, seed=self._seed,
         training=False)
-    outputs = steps_lib.check_logs(self._task.eval_step(batch, ctx),
-                                   'eval_step', scalars_only=False)
+    outputs = steps_lib.check_logs(
+        steps_lib.call_step(self._task.eval_step, batch, ctx, 'eval_step'),
+        'eval_step', scalars_only=False)
     scalars = {key: value for key, value in outputs.items()
                if value.shape.rank == 0}
     per_example = {key: value for key, value in outputs.items()

@@ -159,7 +159,10 @@ class Reporter:
   def __init__(self, *, length: state_lib.TrainingLength,
                metrics: metric_reading.MetricReader,
                writer: summaries.MetricWriter, speed: speed_lib.SpeedMeter,
-               summary_every: Every):
+               summary_every: Every,
+               extra_logs: Callable[[], dict[str, float]] = dict):
+    """Args as named; extra_logs: the task's report_logs."""
+    self._extra_logs = extra_logs
     self._length = length
     self._metrics = metrics
     self._writer = writer
@@ -179,6 +182,7 @@ class Reporter:
     scalars = {name: total / self._steps for name, total in self._sums.items()
                } if self._steps else {}
     self._sums, self._steps = {}, 0
+    scalars.update(self._extra_logs())
     scalars.update(self._metrics.read_and_reset())
     steps_per_second = self._speed.steps_per_second()
     if steps_per_second:

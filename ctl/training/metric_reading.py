@@ -73,5 +73,5 @@ def _sum_function(strategy):
   @tf.function(autograph=False)
   def total(value):
     return strategy.reduce(tf.distribute.ReduceOp.SUM,
-                           strategy.run(lambda: value), axis=None)
+                           strategy.run(lambda: tf.identity(value)), axis=None)
   return total

@@ -5,7 +5,6 @@ Read top to bottom: the strategy, the task and its data, the checkpoint
 actions, the loop, the results.
 """
 
-import hashlib
 import os
 
 from absl import logging
@@ -103,12 +102,12 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
   """train_and_evaluate, once the strategy exists."""
   keras.utils.set_random_seed(config.seed)
   state_lib.check_batch_sizes(config, strategy.num_replicas_in_sync)
-  context = inputs.input_context(strategy,
-                                 distribution.worker_index(task_info),
+  context = inputs.input_context(strategy, task_info.worker_index,
                                  task_info.num_workers)
   task = task_class(config)
   train_data = task.train_data(context)
-  length = _training_length(config, train_data)
+  length = _training_length(config, train_data,
+                            distribution.local_replicas(strategy))
   task.steps_per_epoch = length.steps_per_epoch
   task.total_steps = length.total_steps
   with strategy.scope():
@@ -123,7 +122,7 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
   train_input = _train_input(config, strategy, train_data, length,
                              jit_compile)
   checkpointer = checkpointing.Checkpointer(
-      _checkpoint_of(task, state), workdir_lib.checkpoint_dir(workdir),
+      state_lib.checkpoint_of(task, state), workdir_lib.checkpoint_dir(workdir),
       is_chief=task_info.is_chief, task_id=task_info.task_id,
       max_to_keep=config.intervals.keep_checkpoints,
       async_save=config.intervals.async_checkpoint)
@@ -131,15 +130,16 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
       train_input.checkpointable, workdir_lib.data_position_dir(workdir),
       worker=task_info.name, max_to_keep=config.intervals.keep_checkpoints)
 
+  data_positions.check_savable()
   # Nothing is written before the run is known to start: a checkpoint that
   # does not fit, or a finished run, leaves the workdir as it was.
   if checkpointer.restore_latest():
     state.check_resumable(length.steps_per_epoch)
     data_positions.restore(int(state.step.numpy()))
   elif config.init_from:
-    checkpointing.warm_start(_models_of(task), config.init_from)
+    checkpointing.warm_start(state_lib.models_by_name(task), config.init_from)
   if task_info.num_workers > 1:
-    _check_workers_agree(strategy, state)
+    state_lib.check_workers_agree(strategy, state)
   step = int(state.step.numpy())
   results = workdir_lib.read_results(workdir)
   if step >= length.total_steps and results is not None:
@@ -177,7 +177,7 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
   results = {
       **state.as_dict(),
       'eval': eval_results or {},
-      'weights_sha256': weights_fingerprint(task),
+      'weights_sha256': state_lib.weights_fingerprint(task),
       # Of this process only: a resumed run's earlier processes are not in it.
       'timing': timing,
   }
@@ -207,7 +207,8 @@ def _train(config, workdir, strategy, task, task_info, state, length,
   summary_every = loop_lib.Every((intervals.summary_steps,), at_epoch_end=True)
   reporter = loop_lib.Reporter(
       length=length, metrics=metric_reading.MetricReader(task.train_metrics),
-      writer=train_writer, speed=speed, summary_every=summary_every)
+      writer=train_writer, speed=speed, summary_every=summary_every,
+      extra_logs=task.report_logs)
   eval_results = {}
   timing = {'first_step_seconds': None}
 
@@ -251,14 +252,16 @@ def _train(config, workdir, strategy, task, task_info, state, length,
   return eval_results.get('last'), timing
 
 
-def _training_length(config, train_data) -> state_lib.TrainingLength:
+def _training_length(config, train_data,
+                     local_replicas: int) -> state_lib.TrainingLength:
   """Epochs and steps, from the config and the task's training data."""
   if isinstance(train_data, task_lib.InMemory):
     steps_per_epoch = state_lib.in_memory_steps_per_epoch(config,
                                                           len(train_data))
   elif isinstance(train_data, tf.data.Dataset):
-    steps_per_epoch = inputs.steps_per_epoch_of(train_data,
-                                                config.steps_per_epoch)
+    # A step takes one element for each of this worker's replicas.
+    steps_per_epoch = inputs.steps_per_epoch_of(
+        train_data, config.steps_per_epoch, local_replicas)
   else:
     raise errors.CtlError(
         f'The task\'s train_data returned {type(train_data).__name__}; it '
@@ -277,55 +280,6 @@ def _train_input(config, strategy, train_data, length, jit_compile):
         pad_loops_to=config.steps_per_loop if jit_compile == 'loop' else None)
   return inputs.DatasetInput(strategy, train_data,
                              distribution.local_replicas(strategy))
-
-
-def _checkpoint_of(task: task_lib.Task,
-                   state: state_lib.TrainState) -> tf.train.Checkpoint:
-  """Everything a run needs to continue exactly where it stopped.
-
-  Keras 3 keeps the state of random layers (Dropout's seed generator) in
-  variables that tf.train.Checkpoint does not find through a model; they
-  are added explicitly so that a resumed run draws the same random numbers.
-  """
-  rng_states = []
-  for model in task.models():
-    weights = {id(weight) for weight in model.weights}
-    rng_states += [v for v in model.variables if id(v) not in weights]
-  return tf.train.Checkpoint(task=task, rng=rng_states,
-                             **state.checkpointable())
-
-
-def _models_of(task: task_lib.Task) -> dict[str, keras.Model]:
-  """The task's Keras models by attribute name (for a warm start)."""
-  return {name: value for name, value in vars(task).items()
-          if isinstance(value, keras.Model)}
-
-
-def _check_workers_agree(strategy: tf.distribute.Strategy,
-                         state: state_lib.TrainState) -> None:
-  """Fails if workers restored different steps (each must see the workdir)."""
-  @tf.function(autograph=False)
-  def mean_step():
-    return strategy.reduce(
-        tf.distribute.ReduceOp.MEAN,
-        strategy.run(lambda: tf.cast(state.step, tf.float64)), axis=None)
-
-  local, mean = float(state.step.numpy()), float(mean_step())
-  if mean != local:
-    raise errors.CtlError(
-        f'This worker restored step {int(local)} but the workers average '
-        f'{mean}: every worker must read the same workdir (a shared '
-        'filesystem) to resume.')
-
-
-def weights_fingerprint(task: task_lib.Task) -> str:
-  """A SHA-256 of every model weight's bytes: equal only for identical
-  weights."""
-  digest = hashlib.sha256()
-  for model in task.models():
-    for weight in model.weights:
-      digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
-  return digest.hexdigest()
 
 
 def _json_ready(results):

@@ -1,12 +1,16 @@
-"""Where training is: the step counters saved in every checkpoint, and how
-long training lasts."""
+"""The training state: where training is (the step counters), what a
+checkpoint holds, and how long training lasts."""
 
 import dataclasses
+import hashlib
 
+import keras
 import ml_collections
+import numpy as np
 import tensorflow as tf
 
 from ctl import errors
+from ctl import task as task_lib
 
 
 class TrainState:
@@ -102,3 +106,52 @@ def in_memory_steps_per_epoch(config: ml_collections.ConfigDict,
         f'config.batch_size={config.batch_size} is larger than the '
         f'{num_examples} training examples.')
   return steps_per_epoch
+
+
+def checkpoint_of(task: task_lib.Task,
+                   state: TrainState) -> tf.train.Checkpoint:
+  """Everything a run needs to continue exactly where it stopped.
+
+  Keras 3 keeps the state of random layers (Dropout's seed generator) in
+  variables that tf.train.Checkpoint does not find through a model; they
+  are added explicitly so that a resumed run draws the same random numbers.
+  """
+  rng_states = []
+  for model in task.models():
+    weights = {id(weight) for weight in model.weights}
+    rng_states += [v for v in model.variables if id(v) not in weights]
+  return tf.train.Checkpoint(task=task, rng=rng_states,
+                             **state.checkpointable())
+
+
+def models_by_name(task: task_lib.Task) -> dict[str, keras.Model]:
+  """The task's Keras models by attribute name (for a warm start)."""
+  return {name: value for name, value in vars(task).items()
+          if isinstance(value, keras.Model)}
+
+
+def check_workers_agree(strategy: tf.distribute.Strategy,
+                         state: TrainState) -> None:
+  """Fails if workers restored different steps (each must see the workdir)."""
+  @tf.function(autograph=False)
+  def mean_step():
+    return strategy.reduce(
+        tf.distribute.ReduceOp.MEAN,
+        strategy.run(lambda: tf.cast(state.step, tf.float64)), axis=None)
+
+  local, mean = float(state.step.numpy()), float(mean_step())
+  if mean != local:
+    raise errors.CtlError(
+        f'This worker restored step {int(local)} but the workers average '
+        f'{mean}: every worker must read the same workdir (a shared '
+        'filesystem) to resume.')
+
+
+def weights_fingerprint(task: task_lib.Task) -> str:
+  """A SHA-256 of every model weight's bytes: equal only for identical
+  weights."""
+  digest = hashlib.sha256()
+  for model in task.models():
+    for weight in model.weights:
+      digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+  return digest.hexdigest()

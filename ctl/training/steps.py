@@ -80,32 +80,44 @@ class StepRunner:
     loop_value = self._input.loop_value(iterator, num_steps)
     sums = self._run_steps(loop_value, num_steps)
     self._state.advance(num_steps, self._steps_per_epoch)
-    # One all-reduce for both: each worker's local sums, spread over its
-    # replicas so that the sum over all replicas counts them once.
-    local = (requests, {name: value / self._local_replicas
-                        for name, value in sums.items()})
-    total_requests, totals = self._strategy.reduce(
+    # One all-reduce for both, in one dtype (a collective takes one): each
+    # worker's local sums, spread over its replicas so that the sum over
+    # all replicas counts them once, then its requests.
+    names = sorted(sums)
+    local = tf.concat([
+        tf.stack([sums[name] for name in names]) / self._local_replicas,
+        tf.cast(requests, tf.float32)], axis=0)
+    totals = self._strategy.reduce(
         tf.distribute.ReduceOp.SUM,
-        self._strategy.run(lambda: local), axis=None)
-    examples = totals.pop(EXAMPLES)
-    logs = {name: value / examples for name, value in totals.items()}
-    return {'logs': logs, 'requests': total_requests}
+        # tf.identity: each replica's own copy, a distributed value.
+        self._strategy.run(lambda: tf.identity(local)), axis=None)
+    by_name = dict(zip(names, tf.unstack(totals[:len(names)])))
+    examples = by_name.pop(EXAMPLES)
+    logs = {name: value / examples for name, value in by_name.items()}
+    return {'logs': logs,
+            'requests': tf.cast(tf.round(totals[len(names):]), tf.int32)}
 
   def _loop_steps(self, loop_value, num_steps: tf.Tensor) -> dict:
     """The first num_steps steps; this worker's example-weighted log sums.
 
-    The first step runs before the graph loop, which then carries its logs'
-    structure (a task's logs are only known once its step is traced).
+    Every step runs in the graph loop's body, so that a step is the same
+    program whichever loop it falls in (XLA compiles a loop whole, and a
+    resumed run cuts loops elsewhere). The sums it carries need the logs'
+    structure, known only once the task's step is traced: a trace that is
+    never run finds it.
     """
     first_step = self._state.step.read_value()
-    sums = self._run_step(loop_value, tf.constant(0), first_step)
+    zero = tf.constant(0)
+    probe = tf.function(self._run_step, autograph=False).get_concrete_function(
+        loop_value, zero, first_step)
+    sums = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
+                                 probe.structured_outputs)
 
     def body(i, sums):
       logs = self._run_step(loop_value, i, first_step)
       return i + 1, {name: sums[name] + logs[name] for name in sums}
 
-    _, sums = tf.while_loop(lambda i, _: i < num_steps, body,
-                            [tf.constant(1), sums])
+    _, sums = tf.while_loop(lambda i, _: i < num_steps, body, [zero, sums])
     return sums
 
   def _run_step(self, loop_value, step_in_loop, first_step) -> dict:
@@ -124,21 +136,26 @@ class StepRunner:
     ctx = task_lib.StepContext(
         global_batch_size=self._global_batch_size, step=step, seed=self._seed,
         training=True, all_reduce_dtype=self._all_reduce_dtype)
-    logs = self._task.train_step(batch, ctx)
-    return weighted_logs(logs, batch, 'train_step')
+    # Out of the graph loop's name scope: a task's tf.summary('x') is 'x'.
+    with tf.compat.v1.name_scope(None):
+      logs = call_step(self._task.train_step, batch, ctx, 'train_step')
+    # Every replica's training batch has the same size: a plain mean.
+    return weighted_logs(logs, None, 'train_step')
 
   @contextlib.contextmanager
   def _summaries_due(self, step: tf.Tensor):
     """Records a task's own tf.summary calls at the summary interval only,
     on the first replica, under the number of steps done after this one."""
     def due():
-      if not self._summary_steps:
-        return False
       first_replica = tf.equal(
           tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
       return tf.logical_and(
           first_replica, tf.equal((step + 1) % self._summary_steps, 0))
 
+    if not self._summary_steps:
+      with tf.summary.record_if(False):
+        yield
+      return
     tf.summary.experimental.set_step(step + 1)
     try:
       with tf.summary.record_if(due):
@@ -147,19 +164,49 @@ class StepRunner:
       tf.summary.experimental.set_step(None)
 
 
+def call_step(step: Callable, batch: Any, ctx, hook: str):
+  """Calls a task's step; an error from a batch it cannot take is explained.
+
+  Raises:
+    CtlError: when the step fails on the batch's structure (TypeError,
+      ValueError, KeyError, IndexError while tracing), naming the structure.
+  """
+  try:
+    return step(batch, ctx)
+  except (TypeError, ValueError, KeyError, IndexError) as error:
+    raise errors.CtlError(
+        f'The task\'s {hook} failed on a batch of structure '
+        f'{describe(batch)}: {type(error).__name__}: {error}. Make the data '
+        f'hook return elements that {hook} unpacks as it expects.'
+    ) from error
+
+
+def describe(batch: Any) -> str:
+  """A batch's structure: its nesting, each tensor's dtype and shape."""
+  return str(tf.nest.map_structure(
+      lambda tensor: f'{tensor.dtype.name}{list(tensor.shape)}', batch))
+
+
 def weighted_logs(logs: Mapping[str, tf.Tensor], batch: Any,
                   hook: str) -> dict[str, tf.Tensor]:
   """{name: value * examples} and the examples, to average over replicas.
 
-  A replica without data (the end of an eval pass) has 0 examples; its
-  logs (the mean of nothing is NaN) then count for nothing.
+  With batch None, each replica counts as one example: a plain mean. A
+  replica without data (the end of an eval pass) has 0 examples; its logs
+  (the mean of nothing is NaN) then count for nothing.
 
   Raises:
     CtlError: when the logs are not a dict of scalars.
   """
+  logs = check_logs(logs, hook, scalars_only=True)
+  if batch is None:
+    weighted = {name: tf.cast(value, tf.float32)
+                for name, value in logs.items()}
+    weighted[EXAMPLES] = tf.constant(1.0)
+    return weighted
   examples = tf.cast(batch_size(batch), tf.float32)
   weighted = {EXAMPLES: examples}
-  for name, value in check_logs(logs, hook, scalars_only=True).items():
+  for name, value in logs.items():
     value = tf.cast(value, tf.float32)
     weighted[name] = tf.where(examples > 0, value * examples, 0.0)
   return weighted

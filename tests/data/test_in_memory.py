@@ -1,16 +1,17 @@
-"""The data is a pure function of (seed, step), shared exactly across replicas."""
+"""In-memory data: a pure function of (seed, step), shared exactly across
+replicas; eval passes cover each example once."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from ctl import datasets
-from ctl import input_pipeline
+from ctl import errors
+from ctl.data import in_memory
 
 NUM_EXAMPLES = 50
 # Features are the example's own index, so batches show which rows they hold.
-SPLIT = datasets.Split(np.arange(NUM_EXAMPLES, dtype=np.float32)[:, None],
-                       np.arange(NUM_EXAMPLES, dtype=np.int32))
+FEATURES = np.arange(NUM_EXAMPLES, dtype=np.float32)[:, None]
+LABELS = np.arange(NUM_EXAMPLES, dtype=np.int32)
 
 
 def _context(pipelines=1, pipeline_id=0, replicas=1):
@@ -34,7 +35,7 @@ def _train_rows(start_step=0, total_steps=12, seed=0, steps_per_epoch=5,
                 global_batch_size=8, context=None, loop_length=3):
   """The example indices of each step, in order (one array per step)."""
   loops = _loops(start_step, total_steps, steps_per_epoch, loop_length)
-  dataset = input_pipeline.train_chunks(
+  dataset = in_memory.train_chunks(
       NUM_EXAMPLES, seed=seed, global_batch_size=global_batch_size,
       steps_per_epoch=steps_per_epoch, loops=loops,
       context=context or _context())
@@ -97,7 +98,7 @@ def test_replicas_split_the_same_global_batches(pipelines, replicas):
   # Each pipeline yields, per loop, one element per local replica.
   local_replicas = replicas // pipelines
   per_pipeline = [
-      [chunk.numpy() for chunk in input_pipeline.train_chunks(
+      [chunk.numpy() for chunk in in_memory.train_chunks(
           NUM_EXAMPLES, seed=0, global_batch_size=8, steps_per_epoch=5,
           loops=loops, context=_context(pipelines, pipeline_id, replicas))]
       for pipeline_id in range(pipelines)]
@@ -113,24 +114,29 @@ def test_replicas_split_the_same_global_batches(pipelines, replicas):
 
 
 @pytest.mark.parametrize('pipelines', [1, 2])
-def test_eval_covers_each_example_once_with_padding_weighted_zero(pipelines):
-  global_batch_size = 16
-  num_steps = input_pipeline.num_eval_steps(NUM_EXAMPLES, global_batch_size)
-  assert num_steps == 4
+def test_eval_covers_each_example_once(pipelines):
+  data = in_memory.InMemory((FEATURES, LABELS))
   counts = np.zeros(NUM_EXAMPLES)
   for pipeline_id in range(pipelines):
-    dataset = input_pipeline.eval_dataset(
-        SPLIT, feature_scale=1.0, global_batch_size=global_batch_size,
-        context=_context(pipelines, pipeline_id, pipelines))
-    for _, labels, weights in dataset.take(num_steps):
-      np.add.at(counts, labels.numpy(), weights.numpy())
+    dataset = data.eval_dataset(_context(pipelines, pipeline_id, pipelines),
+                                global_batch_size=16)
+    for _, labels in dataset:
+      assert len(labels) <= 16 // pipelines
+      np.add.at(counts, labels.numpy(), 1)
   np.testing.assert_array_equal(counts, np.ones(NUM_EXAMPLES))
 
 
-def test_in_memory_batches_are_scaled_to_float32():
-  split = datasets.Split(np.full((4, 2), 255, np.uint8), np.arange(4))
-  features, labels = input_pipeline.InMemory(split, 1 / 255).batch(
-      tf.constant([3, 1]))
-  assert features.dtype == tf.float32
-  np.testing.assert_allclose(features.numpy(), 1.0)
-  np.testing.assert_array_equal(labels.numpy(), [3, 1])
+def test_in_memory_batches_are_gathered_and_preprocessed():
+  data = in_memory.InMemory(
+      {'image': np.full((4, 2), 255, np.uint8), 'label': np.arange(4)},
+      preprocess=lambda batch: {**batch, 'image': tf.cast(
+          batch['image'], tf.float32) / 255})
+  batch = data.gather(tf.constant([3, 1]))
+  assert batch['image'].dtype == tf.float32
+  np.testing.assert_allclose(batch['image'].numpy(), 1.0)
+  np.testing.assert_array_equal(batch['label'].numpy(), [3, 1])
+
+
+def test_arrays_of_different_lengths_are_an_error():
+  with pytest.raises(errors.CtlError, match='different numbers of rows'):
+    in_memory.InMemory((np.zeros(3), np.zeros(4)))

@@ -6,26 +6,18 @@ import numpy as np
 import pytest
 
 from ctl import errors
-from ctl import train
+from ctl import task as task_lib
+from ctl.training import run
+from ctl.training import state as state_lib
 import helpers
-
-
-def _digits(num_epochs=2, **fields):
-  """The digits default, shorter; fields are dotted keys -> values."""
-  config = helpers.load_config('digits')
-  config.num_epochs = num_epochs
-  for key, value in fields.items():
-    section, _, field = key.rpartition('.')
-    (config[section] if section else config)[field] = value
-  return config
 
 
 @pytest.fixture(scope='module')
 def finished_run(tmp_path_factory):
   """A 2-epoch digits run: (config, workdir, results)."""
-  config = _digits()
+  config = helpers.digits()
   workdir = tmp_path_factory.mktemp('finished')
-  return config, workdir, train.train_and_evaluate(config, str(workdir))
+  return config, workdir, run.train_and_evaluate(config, str(workdir))
 
 
 def test_writes_checkpoints_summaries_config_and_results(finished_run):
@@ -53,24 +45,24 @@ def test_writes_checkpoints_summaries_config_and_results(finished_run):
 def test_a_finished_run_is_not_trained_again(finished_run):
   config, workdir, results = finished_run
   before = helpers.file_stamps(workdir)
-  assert train.train_and_evaluate(config, str(workdir)) == results
+  assert run.train_and_evaluate(config, str(workdir)) == results
   assert helpers.file_stamps(workdir) == before
 
 
 def test_a_finished_run_without_results_only_evaluates(tmp_path):
-  config = _digits(num_epochs=1)
-  results = train.train_and_evaluate(config, str(tmp_path))
+  config = helpers.digits(num_epochs=1)
+  results = run.train_and_evaluate(config, str(tmp_path))
   (tmp_path / 'results.json').unlink()
   checkpoints = helpers.file_stamps(tmp_path / 'checkpoints')
-  again = train.train_and_evaluate(config, str(tmp_path))
+  again = run.train_and_evaluate(config, str(tmp_path))
   assert again['timing'] == {}  # This process trained nothing.
   assert {**again, 'timing': results['timing']} == results
   assert helpers.file_stamps(tmp_path / 'checkpoints') == checkpoints
 
 
 def test_resumes_from_the_latest_checkpoint(tmp_path):
-  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path))
-  results = train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
+  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
+  results = run.train_and_evaluate(helpers.digits(num_epochs=2), str(tmp_path))
   assert results['step'] == 88
   # Two runs, two event files; the second starts after the first's last step.
   steps = [step for step, _ in helpers.read_scalars(tmp_path / 'train')['loss']]
@@ -83,12 +75,12 @@ def test_resumes_from_the_latest_checkpoint(tmp_path):
 
 
 def test_a_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
-  train.train_and_evaluate(_digits(num_epochs=1, **{'model.width': 16}),
+  run.train_and_evaluate(helpers.digits(num_epochs=1, **{'model.width': 16}),
                            str(tmp_path))
   before = helpers.file_stamps(tmp_path)
   config_before = (tmp_path / 'config.json').read_text()
   with pytest.raises(errors.CtlError, match='does not match this model') as e:
-    train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
+    run.train_and_evaluate(helpers.digits(num_epochs=2), str(tmp_path))
   assert 'left untouched' in str(e.value)
   # No earlier checkpoint restores into this model either: no false hint.
   assert 'previous checkpoint' not in str(e.value)
@@ -98,18 +90,18 @@ def test_a_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
 
 
 def test_a_config_that_cuts_epochs_differently_is_refused(tmp_path):
-  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path))
+  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
   with pytest.raises(errors.ConfigError, match='22 steps per epoch'):
-    train.train_and_evaluate(_digits(num_epochs=2, batch_size=64),
+    run.train_and_evaluate(helpers.digits(num_epochs=2, batch_size=64),
                              str(tmp_path))
 
 
 def test_a_diverging_loss_stops_before_saving(tmp_path):
-  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path))
+  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
   before = helpers.file_stamps(tmp_path)
   # The first loop after a (re)start is one step: divergence is exact there.
   with pytest.raises(errors.CtlError, match=r'diverged at step 45\.'):
-    train.train_and_evaluate(_digits(num_epochs=2,
+    run.train_and_evaluate(helpers.digits(num_epochs=2,
                                      loss='user_modules:nan_loss'),
                              str(tmp_path))
   after = helpers.file_stamps(tmp_path)
@@ -126,49 +118,55 @@ def test_an_unwritable_workdir_is_a_clear_error(tmp_path):
   blocker = tmp_path / 'file'
   blocker.write_text('')
   with pytest.raises(errors.CtlError, match='Cannot write to workdir'):
-    train.train_and_evaluate(_digits(num_epochs=1), str(blocker / 'workdir'))
+    run.train_and_evaluate(helpers.digits(num_epochs=1), str(blocker / 'workdir'))
 
 
 def test_a_batch_larger_than_the_data_is_a_config_error(tmp_path):
   with pytest.raises(errors.ConfigError, match='larger than the 1438'):
-    train.train_and_evaluate(_digits(batch_size=2048), str(tmp_path / 'w'))
+    run.train_and_evaluate(helpers.digits(batch_size=2048), str(tmp_path / 'w'))
   assert not (tmp_path / 'w').exists()
 
 
 def test_trains_a_users_own_dataset_and_model(tmp_path):
-  config = _digits(num_epochs=10, **{
+  config = helpers.digits(num_epochs=10, **{
       'data.name': 'user_modules:blobs', 'model.name': 'user_modules:linear',
       'eval_batch_size': 0, 'optimizer.learning_rate': 0.05,
       'optimizer.schedule': 'constant'})
-  results = train.train_and_evaluate(config, str(tmp_path))
+  results = run.train_and_evaluate(config, str(tmp_path))
   assert results['step'] == 10 * (320 // 32)
   assert results['eval']['accuracy'] > 0.9
 
 
 def test_training_length_resolves_defaults():
-  config = _digits(num_epochs=3)
-  length = train.training_length(config, num_train_examples=1000,
-                                 num_replicas=4)
+  config = helpers.digits(num_epochs=3)
+  steps_per_epoch = state_lib.in_memory_steps_per_epoch(config, 1000)
+  length = state_lib.training_length(config, steps_per_epoch)
   assert (length.steps_per_epoch, length.total_steps, length.num_epochs) == (
       31, 93, 3)
   config.total_steps = 40
-  assert train.training_length(config, 1000, 4).num_epochs == 2
+  assert state_lib.training_length(config, 31).num_epochs == 2
+  state_lib.check_batch_sizes(config, num_replicas=4)
   with pytest.raises(errors.ConfigError, match='does not divide across the 3'):
-    train.training_length(config, 1000, num_replicas=3)
+    state_lib.check_batch_sizes(config, num_replicas=3)
 
 
 def test_weights_fingerprint_sees_every_weight():
   import keras  # pylint: disable=g-import-not-at-top
-  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
-  before = train.weights_fingerprint(model)
-  kernel = model.weights[0]
+
+  class Holder(task_lib.Task):
+    pass
+
+  task = Holder(helpers.digits())
+  task.model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+  before = state_lib.weights_fingerprint(task)
+  kernel = task.model.weights[0]
   kernel.assign(kernel.numpy() + np.float32(1e-7))
-  assert train.weights_fingerprint(model) != before
+  assert state_lib.weights_fingerprint(task) != before
 
 
 @pytest.mark.parametrize('damage', ['truncated data', 'garbage state file'])
 def test_a_corrupted_checkpoint_is_refused_and_kept(tmp_path, damage):
-  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path))
+  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
   checkpoints = tmp_path / 'checkpoints'
   if damage == 'truncated data':
     data = checkpoints / 'ckpt-44.data-00000-of-00001'
@@ -177,18 +175,18 @@ def test_a_corrupted_checkpoint_is_refused_and_kept(tmp_path, damage):
     (checkpoints / 'checkpoint').write_text('model_checkpoint_path: {{{')
   before = helpers.file_stamps(tmp_path)
   with pytest.raises(errors.CtlError, match='untouched'):
-    train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
+    run.train_and_evaluate(helpers.digits(num_epochs=2), str(tmp_path))
   assert helpers.file_stamps(tmp_path) == before
 
 
 def test_a_damaged_latest_checkpoint_names_the_previous_one(tmp_path):
-  train.train_and_evaluate(_digits(num_epochs=2), str(tmp_path))
+  run.train_and_evaluate(helpers.digits(num_epochs=2), str(tmp_path))
   checkpoints = tmp_path / 'checkpoints'
   data = checkpoints / 'ckpt-88.data-00000-of-00001'
   data.write_bytes(data.read_bytes()[:1000])
   before = helpers.file_stamps(tmp_path)
   with pytest.raises(errors.CtlError) as error:
-    train.train_and_evaluate(_digits(num_epochs=3), str(tmp_path))
+    run.train_and_evaluate(helpers.digits(num_epochs=3), str(tmp_path))
   message = str(error.value)
   assert 'ckpt-88 does not match this model' in message
   assert 'previous checkpoint' in message and 'ckpt-44' in message
@@ -200,18 +198,18 @@ def test_a_damaged_latest_checkpoint_names_the_previous_one(tmp_path):
   aside.mkdir()
   for path in checkpoints.glob('ckpt-88.*'):
     path.rename(aside / path.name)
-  results = train.train_and_evaluate(_digits(num_epochs=3), str(tmp_path))
+  results = run.train_and_evaluate(helpers.digits(num_epochs=3), str(tmp_path))
   assert results['step'] == 132
   assert helpers.latest_checkpoint_step(tmp_path) == 132
 
 
 def test_warm_start_takes_model_weights_and_starts_at_step_0(tmp_path):
   source = tmp_path / 'source'
-  train.train_and_evaluate(_digits(num_epochs=1), str(source))
+  run.train_and_evaluate(helpers.digits(num_epochs=1), str(source))
   # A negligible learning rate leaves the warm-started weights as they are.
   target = tmp_path / 'target'
-  results = train.train_and_evaluate(
-      _digits(num_epochs=1, init_from=str(source), **{
+  results = run.train_and_evaluate(
+      helpers.digits(num_epochs=1, init_from=str(source), **{
           'optimizer.name': 'sgd', 'optimizer.learning_rate': 1e-30}),
       str(target))
   assert results['step'] == 44
@@ -221,28 +219,28 @@ def test_warm_start_takes_model_weights_and_starts_at_step_0(tmp_path):
 
 def test_warm_start_is_ignored_once_the_workdir_has_a_checkpoint(
     tmp_path, caplog):
-  train.train_and_evaluate(_digits(num_epochs=1), str(tmp_path / 'own'))
+  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path / 'own'))
   caplog.set_level('INFO')
-  train.train_and_evaluate(
-      _digits(num_epochs=2, init_from=str(tmp_path / 'no_such_dir')),
+  run.train_and_evaluate(
+      helpers.digits(num_epochs=2, init_from=str(tmp_path / 'no_such_dir')),
       str(tmp_path / 'own'))
   assert 'Restored' in caplog.text and 'Warm start' not in caplog.text
 
 
 def test_warm_start_from_another_model_is_a_clear_error(tmp_path):
-  train.train_and_evaluate(_digits(num_epochs=1, **{'model.width': 16}),
+  run.train_and_evaluate(helpers.digits(num_epochs=1, **{'model.width': 16}),
                            str(tmp_path / 'narrow'))
   with pytest.raises(errors.CtlError, match='Cannot warm-start'):
-    train.train_and_evaluate(
-        _digits(num_epochs=1, init_from=str(tmp_path / 'narrow')),
+    run.train_and_evaluate(
+        helpers.digits(num_epochs=1, init_from=str(tmp_path / 'narrow')),
         str(tmp_path / 'wide'))
 
 
 def test_checkpoints_on_a_time_interval_at_loop_ends(tmp_path):
-  config = _digits(num_epochs=1, steps_per_loop=5, **{
+  config = helpers.digits(num_epochs=1, steps_per_loop=5, **{
       'intervals.checkpoint_secs': 1e-9, 'intervals.checkpoint_epochs': 0,
       'intervals.summary_steps': 0, 'intervals.keep_checkpoints': 100})
-  train.train_and_evaluate(config, str(tmp_path))
+  run.train_and_evaluate(config, str(tmp_path))
   saved = sorted(int(path.name[5:-6]) for path in
                  (tmp_path / 'checkpoints').glob('ckpt-*.index'))
   # Loops end after the first step, then every 5 steps, and at the epoch end.

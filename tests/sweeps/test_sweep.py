@@ -11,7 +11,7 @@ import pytest
 
 from ctl import errors
 from ctl import hyper
-from ctl import trials as trials_lib
+from ctl.sweeps import trials as trials_lib
 import helpers
 
 SHORT = {'num_epochs': 1}  # One epoch of digits: a trial takes seconds.
@@ -112,9 +112,16 @@ def test_an_unknown_metric_fails_the_sweep_before_anything_runs(tmp_path):
   assert "Sweep.metric 'eval.acc' is not in its results" in run.output
 
 
-@pytest.mark.parametrize(
-    'sweep_file', sorted((helpers.REPO / 'experiments').glob('*.py')),
-    ids=lambda path: path.stem)
+# experiments/ also holds example tasks; a sweep file defines get_sweep.
+SWEEP_FILES = sorted(path for path in (helpers.REPO / 'experiments').glob('*.py')
+                     if 'def get_sweep(' in path.read_text())
+
+
+def test_there_are_shipped_sweeps():
+  assert {path.stem for path in SWEEP_FILES} >= {'digits_lr', 'digits_random'}
+
+
+@pytest.mark.parametrize('sweep_file', SWEEP_FILES, ids=lambda path: path.stem)
 def test_every_shipped_sweep_loads_and_its_trials_check_out(sweep_file,
                                                             tmp_path):
   sweep, config_file = trials_lib.load_sweep(str(sweep_file))

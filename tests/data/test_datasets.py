@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from ctl import config as config_lib
-from ctl import datasets
+from ctl.data import datasets
 from ctl import errors
 
 
 def _data_config(**fields):
-  config = config_lib.base_config().data
+  config = config_lib.classification_config().data
   config.update(fields)
   return config
 

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from ctl import config as config_lib
-from ctl import optimizers
+from ctl.tasks import optimizers
 
 
 def _schedule(total_steps=100, **fields):
-  config = config_lib.base_config().optimizer
+  config = config_lib.classification_config().optimizer
   config.update(fields)
   return optimizers.build_schedule(config, total_steps)
 
@@ -40,7 +40,7 @@ def test_warmup_rises_linearly_then_decays():
 
 @pytest.mark.parametrize('name', ['adam', 'adamw', 'sgd', 'rmsprop'])
 def test_builds_each_named_optimizer(name):
-  config = config_lib.base_config().optimizer
+  config = config_lib.classification_config().optimizer
   config.name = name
   optimizer = optimizers.build_optimizer(config, total_steps=10)
   assert type(optimizer).__name__.lower() == name

@@ -4,8 +4,9 @@ import keras
 import pytest
 
 from ctl import errors
-from ctl import steps as steps_lib
-from ctl import train
+from ctl import task as task_lib
+from ctl.training import run
+from ctl.training import xla
 import helpers
 
 
@@ -14,36 +15,52 @@ def _model(*layers):
                            keras.layers.Flatten(), keras.layers.Dense(10)])
 
 
-@pytest.mark.parametrize('setting, num_replicas, layers, expected', [
-    ('auto', 1, [], 'loop'),
-    ('auto', 1, [keras.layers.Conv2D(4, 3)], 'step'),
-    ('auto', 1, [keras.layers.DepthwiseConv2D(3)], 'step'),
-    ('auto', 2, [], 'off'),
-    ('off', 1, [], 'off'),
-    ('step', 2, [], 'step'),
-    ('loop', 1, [keras.layers.Conv2D(4, 3)], 'loop'),
+class _Task(task_lib.Task):
+  """A task holding one model; only its attributes matter here."""
+
+  def __init__(self, model, auto_xla=True):
+    super().__init__(helpers.digits())
+    self.model = model
+    self.auto_xla = auto_xla
+
+
+@pytest.mark.parametrize('setting, num_replicas, in_memory, layers, expected', [
+    ('auto', 1, True, [], 'loop'),
+    ('auto', 1, True, [keras.layers.Conv2D(4, 3)], 'step'),
+    ('auto', 1, True, [keras.layers.DepthwiseConv2D(3)], 'step'),
+    ('auto', 1, False, [], 'step'),  # A tf.data iterator cannot be compiled.
+    ('auto', 2, True, [], 'off'),
+    ('off', 1, True, [], 'off'),
+    ('loop', 1, True, [keras.layers.Conv2D(4, 3)], 'loop'),
 ])
-def test_resolve_jit_compile(setting, num_replicas, layers, expected):
+def test_resolve_jit_compile(setting, num_replicas, in_memory, layers,
+                             expected):
   # Nested models count: their convolutions are found too.
   model = keras.Sequential([keras.Input((8, 8, 1)), _model(*layers)])
-  assert steps_lib.resolve_jit_compile(
-      setting, num_replicas=num_replicas, model=model) == expected
+  assert xla.resolve(setting, num_replicas=num_replicas, task=_Task(model),
+                     in_memory=in_memory) == expected
 
 
-def test_a_loop_compiled_whole_needs_one_replica():
-  with pytest.raises(errors.ConfigError, match="'loop' needs a single"):
-    steps_lib.resolve_jit_compile('loop', num_replicas=2, model=_model())
+def test_auto_leaves_a_users_own_steps_alone():
+  assert xla.resolve('auto', num_replicas=1, in_memory=True,
+                     task=_Task(_model(), auto_xla=False)) == 'off'
+
+
+@pytest.mark.parametrize('setting, num_replicas, in_memory, message', [
+    ('loop', 2, True, "'loop' needs a single replica"),
+    ('step', 2, True, "'step' needs a single replica"),
+    ('loop', 1, False, "'loop' needs in-memory training data"),
+])
+def test_impossible_choices_are_config_errors(setting, num_replicas,
+                                              in_memory, message):
+  with pytest.raises(errors.ConfigError, match=message):
+    xla.resolve(setting, num_replicas=num_replicas, task=_Task(_model()),
+                in_memory=in_memory)
 
 
 def _digits(num_epochs, **fields):
-  config = helpers.load_config('digits')
-  config.num_epochs = num_epochs
-  config.steps_per_epoch = 20
-  config.deterministic = True
-  for key, value in fields.items():
-    section, _, field = key.rpartition('.')
-    (config[section] if section else config)[field] = value
-  return config
+  return helpers.digits(num_epochs, steps_per_epoch=20, deterministic=True,
+                        **fields)
 
 
 @pytest.mark.parametrize('model, jit_compile', [
@@ -51,9 +68,9 @@ def _digits(num_epochs, **fields):
 def test_every_choice_trains_what_plain_tensorflow_trains(tmp_path, model,
                                                           jit_compile):
   fields = {'model.name': model}
-  plain = train.train_and_evaluate(_digits(2, jit_compile='off', **fields),
+  plain = run.train_and_evaluate(_digits(2, jit_compile='off', **fields),
                                    str(tmp_path / 'plain'))
-  compiled = train.train_and_evaluate(
+  compiled = run.train_and_evaluate(
       _digits(2, jit_compile=jit_compile, **fields), str(tmp_path / 'xla'))
   assert compiled['weights_sha256'] != plain['weights_sha256']  # XLA ran.
   # The same arithmetic, rounded differently (padded rows of a loop, say,
@@ -70,10 +87,10 @@ def test_every_choice_resumes_bit_identical_random_layers_included(
   # A constant learning rate: 1 epoch then 2 follows 2 epochs' schedule.
   fields = {'model.name': model, 'model.dropout': 0.3,
             'jit_compile': jit_compile, 'optimizer.schedule': 'constant'}
-  uninterrupted = train.train_and_evaluate(_digits(2, **fields),
+  uninterrupted = run.train_and_evaluate(_digits(2, **fields),
                                            str(tmp_path / 'uninterrupted'))
-  train.train_and_evaluate(_digits(1, **fields), str(tmp_path / 'resumed'))
-  resumed = train.train_and_evaluate(_digits(2, **fields),
+  run.train_and_evaluate(_digits(1, **fields), str(tmp_path / 'resumed'))
+  resumed = run.train_and_evaluate(_digits(2, **fields),
                                      str(tmp_path / 'resumed'))
   assert resumed['weights_sha256'] == uninterrupted['weights_sha256']
 
@@ -82,11 +99,11 @@ def test_a_model_xla_cannot_compile_fails_clearly_and_trains_without_xla(
     tmp_path):
   fields = {'model.name': 'user_modules:not_xla', 'jit_compile': 'auto'}
   with pytest.raises(errors.CtlError, match='XLA cannot compile') as error:
-    train.train_and_evaluate(_digits(1, **fields), str(tmp_path / 'auto'))
+    run.train_and_evaluate(_digits(1, **fields), str(tmp_path / 'auto'))
   assert '--config.jit_compile=off' in str(error.value)
   assert 'PyFunc' in str(error.value)
   assert not list((tmp_path / 'auto').glob('checkpoints/*'))
   fields['jit_compile'] = 'off'
-  results = train.train_and_evaluate(_digits(1, **fields),
+  results = run.train_and_evaluate(_digits(1, **fields),
                                      str(tmp_path / 'off'))
   assert results['step'] == 20

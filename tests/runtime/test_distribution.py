@@ -1,9 +1,11 @@
-"""The chief is chosen as TensorFlow's multi-worker tutorials choose it."""
+"""build_strategy: the chief, the strategy, and TF_CONFIG checked before any server."""
+
+import json
 
 import pytest
 import tensorflow as tf
 
-from ctl import distribution
+from ctl.runtime import distribution
 
 WORKERS = {'worker': ['localhost:1', 'localhost:2']}
 WITH_CHIEF = {'chief': ['localhost:0'], **WORKERS}
@@ -46,3 +48,41 @@ def test_multi_worker_without_a_cluster_is_a_config_error(monkeypatch):
   config.strategy = 'multi_worker'
   with pytest.raises(errors.ConfigError, match='is TF_CONFIG set'):
     distribution.build_strategy(config)
+
+
+def _distribution_config(strategy='auto'):
+  from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.base_config().distribution
+  config.strategy = strategy
+  return config
+
+
+@pytest.mark.parametrize('tf_config, message', [
+    ('{"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker"}}',
+     '"task" has no "index"'),
+    ('not json', 'TF_CONFIG is not JSON'),
+])
+def test_a_malformed_tf_config_fails_before_any_server_starts(
+    monkeypatch, tf_config, message):
+  from ctl import errors  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('TF_CONFIG', tf_config)
+  with pytest.raises(errors.ConfigError, match=message):
+    distribution.build_strategy(_distribution_config())
+
+
+def test_an_evaluator_task_is_not_supported_yet(monkeypatch):
+  from ctl import errors  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('TF_CONFIG', json.dumps({
+      'cluster': {'worker': ['localhost:1'], 'evaluator': ['localhost:2']},
+      'task': {'type': 'evaluator', 'index': 0}}))
+  with pytest.raises(errors.ConfigError,
+                     match='does not support an evaluator task yet'):
+    distribution.build_strategy(_distribution_config())
+
+
+@pytest.mark.parametrize('tf_config', ['{}', '{"cluster": {}}'])
+def test_tf_config_without_a_cluster_runs_one_process(monkeypatch, tf_config):
+  monkeypatch.setenv('TF_CONFIG', tf_config)
+  strategy, task = distribution.build_strategy(_distribution_config())
+  assert type(strategy) is type(tf.distribute.get_strategy())  # pylint: disable=unidiomatic-typecheck
+  assert task == distribution.Task(None, 0, 1, True)

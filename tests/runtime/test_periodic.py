@@ -1,6 +1,6 @@
 """Periodic says when work is due, by step and by an injected clock."""
 
-from ctl import periodic
+from ctl.runtime import periodic
 
 
 class FakeClock:

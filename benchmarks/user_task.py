@@ -1,0 +1,136 @@
+"""A user's own task on a tf.data pipeline, and the hand-written loop it is
+measured against (`python -m benchmarks.bench --sections=user_task`).
+
+Both train the same model (`build_model`) with the same step (`step_fn`)
+over the same pipeline (`make_dataset`): the MLP workload's model and data
+(benchmarks/workloads.py), written as a user would write them. ctl runs
+`MLPTask` with its default settings (for a task of one's own: no XLA). The
+hand-written loop is the fair equivalent of ctl's loop: a tf.function
+running `steps_per_loop` steps in a tf.while_loop, each reading
+`next(iterator)`, the loss summed for a log line; no metrics, checkpoints
+or summaries.
+"""
+
+import time
+from collections.abc import Callable
+
+import keras
+import ml_collections
+import tensorflow as tf
+
+import ctl
+from benchmarks import workloads
+
+# As the MLP workload's.
+BATCH_SIZE = 64
+CTL_STEPS = 9000  # A ctl run; its second half is measured.
+MEASURE_STEPS = 4000  # Steps per measurement of the hand-written loop.
+
+
+def build_model() -> keras.Model:
+  """The MLP: 8x8 -> 128 -> 10 logits."""
+  return keras.Sequential([
+      keras.Input((8, 8)),
+      keras.layers.Flatten(),
+      keras.layers.Dense(128, activation='relu'),
+      keras.layers.Dense(10),
+  ])
+
+
+def make_dataset(global_batch_size: int,
+                 context: tf.distribute.InputContext) -> tf.data.Dataset:
+  """One pass over the examples in this pipeline's per-replica batches:
+  slices, shard, shuffle, batch, prefetch."""
+  data = workloads.mlp_data(None)
+  dataset = tf.data.Dataset.from_tensor_slices(
+      (data.train.features, data.train.labels))
+  if context.num_input_pipelines > 1:
+    dataset = dataset.shard(context.num_input_pipelines,
+                            context.input_pipeline_id)
+  per_replica = context.get_per_replica_batch_size(global_batch_size)
+  return dataset.shuffle(len(data.train), seed=0).batch(
+      per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def step_fn(model: keras.Model, optimizer: keras.optimizers.Optimizer,
+            batch, global_batch_size: int) -> tf.Tensor:
+  """The tutorials' step: tape, loss, gradients, apply; the mean loss."""
+  features, labels = batch
+  with tf.GradientTape() as tape:
+    logits = model(features, training=True)
+    per_example_loss = keras.losses.sparse_categorical_crossentropy(
+        labels, logits, from_logits=True)
+    loss = tf.nn.compute_average_loss(per_example_loss,
+                                      global_batch_size=global_batch_size)
+  gradients = tape.gradient(loss, model.trainable_variables)
+  optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+  return tf.reduce_mean(per_example_loss)
+
+
+class MLPTask(ctl.Task):
+  """The MLP on a tf.data pipeline of per-replica batches."""
+
+  def build(self) -> None:
+    self.model = build_model()
+    self.optimizer = keras.optimizers.Adam(1e-3)
+    self.optimizer.build(self.model.trainable_variables)
+
+  def train_data(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    return make_dataset(self.config.batch_size, context)
+
+  def train_step(self, batch, ctx: ctl.StepContext) -> dict[str, tf.Tensor]:
+    return {'loss': step_fn(self.model, self.optimizer, batch,
+                            ctx.global_batch_size)}
+
+
+def ctl_config(**overrides) -> ml_collections.ConfigDict:
+  """ctl's defaults for MLPTask; overrides are dotted keys."""
+  config = ctl.base_config()
+  config.task = 'benchmarks.user_task:MLPTask'
+  config.batch_size = BATCH_SIZE
+  config.total_steps = CTL_STEPS
+  config.lock()  # A key that does not exist fails, as on the command line.
+  for key, value in overrides.items():
+    section, _, field = key.rpartition('.')
+    (config[section] if section else config)[field] = value
+  return config
+
+
+def ctl_speed(**overrides) -> Callable[[], float]:
+  """(a) ctl running MLPTask, a fresh run each call: its steady steps/s."""
+  return lambda: workloads.run_speed(ctl_config(**overrides))
+
+
+def hand_loop_speed(measure_steps: int = MEASURE_STEPS,
+                    steps_per_loop: int = 100) -> Callable[[], float]:
+  """(b) The same model, step and pipeline in a hand-written loop.
+
+  Repeated calls go on with the same model and iterator.
+  """
+  model = build_model()
+  optimizer = keras.optimizers.Adam(1e-3)
+  optimizer.build(model.trainable_variables)
+  # Repeated as ctl repeats a task's finite dataset.
+  iterator = iter(make_dataset(BATCH_SIZE, tf.distribute.InputContext())
+                  .repeat())
+
+  @tf.function(autograph=False)
+  def loop(num_steps):
+    def body(i, loss_sum):
+      loss = step_fn(model, optimizer, next(iterator), BATCH_SIZE)
+      return i + 1, loss_sum + loss
+
+    _, loss_sum = tf.while_loop(lambda i, _: i < num_steps, body,
+                                [tf.constant(0), tf.constant(0.0)])
+    return loss_sum / tf.cast(num_steps, tf.float32)
+
+  loop(tf.constant(steps_per_loop))  # Traces.
+
+  def measure() -> float:
+    calls = max(measure_steps // steps_per_loop, 1)
+    start = time.perf_counter()
+    for _ in range(calls):
+      float(loop(tf.constant(steps_per_loop)))  # The log line's loss.
+    return calls * steps_per_loop / (time.perf_counter() - start)
+
+  return measure

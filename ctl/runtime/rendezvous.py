@@ -1,0 +1,248 @@
+"""ctl's start-up barrier: every task waits for its peers before TensorFlow does.
+
+TensorFlow waits for every task inside the MultiWorkerMirroredStrategy
+constructor, in C++ code that holds Python's GIL, has no deadline (a
+`cluster_register_timeout_in_ms` of 5 s was still waiting after 60 s on TF
+2.21) and takes SIGTERM with a handler of its own that only sets a flag:
+nothing written in Python, not even another thread, runs until it returns.
+So ctl waits first, in Python, where a deadline and SIGTERM can be acted
+on, and enters TensorFlow's wait only once every peer has arrived, when
+it lasts about as long as the peers take to enter theirs too.
+
+While it waits, each task listens at its own address and answers a
+one-line greeting naming its cluster and itself; it probes each peer's
+address the same way. A task goes on once it has heard every peer *and*
+every peer has heard it: after that nothing needs its listener, which it
+closes so that TensorFlow's server can take the port. Waiting for the
+second half is what makes this safe: a task that went on after hearing
+the others, but unheard by one of them, would leave that one probing a
+TensorFlow server that does not answer the greeting. The greeting also
+tells a peer that has not started from another program on its port, or a
+ctl task of another cluster (a stale run), which a mere TCP connect would
+take for an arrived peer.
+
+Pure Python: nothing here imports TensorFlow.
+"""
+
+import enum
+import math
+import socket
+import threading
+import time
+from typing import Callable
+
+from absl import logging
+
+from ctl import errors
+from ctl.runtime.cluster import Cluster
+
+# A probe greets with, and a listener answers, one line:
+# `ctl-start-up <cluster fingerprint> <task name>`.
+_GREETING = 'ctl-start-up'
+# Seconds between rounds of probes, and the longest a probe waits to
+# connect and then to be answered; a listener waits as long for a greeting.
+_ROUND_SECONDS = 0.2
+_CONNECT_SECONDS = 1.0
+_ANSWER_SECONDS = 2.0
+# While waiting, the missing peers are logged this often.
+_REPORT_SECONDS = 30.0
+
+
+class _Heard(enum.Enum):
+  """What a probe of a peer's address found."""
+
+  NOTHING = 'nothing accepts connections there'
+  SOMETHING_ELSE = ('something accepts connections there, but it is not a '
+                    'ctl task (another program holds the port?)')
+  OTHER_CLUSTER = ('a ctl task of another cluster answers there (started '
+                   'with a different TF_CONFIG?)')
+  PEER = 'arrived'
+
+
+def wait_for_peers(cluster: Cluster, timeout_seconds: float,
+                   should_stop: Callable[[], bool]) -> bool:
+  """Returns once every peer has started and has heard from this task.
+
+  See the module docstring for how. The listener at this task's address is
+  closed when this returns or raises, so TensorFlow's server can take it.
+
+  Args:
+    cluster: the cluster; its `peers` are waited for.
+    timeout_seconds: how long to wait; 0 waits for ever.
+    should_stop: called between probes; when it returns True, the wait
+      ends and False is returned.
+
+  Returns:
+    True once the peers are there; False if should_stop() said so first.
+
+  Raises:
+    PeerFailure: the peers were not all there within timeout_seconds; the
+      message names the ones missing and what was found at their addresses.
+    CtlError: this task cannot listen at its own address.
+  """
+  peers = cluster.peers
+  if not peers:
+    return True
+  started = time.monotonic()
+  deadline = started + (timeout_seconds or math.inf)
+  next_report = started + _REPORT_SECONDS
+  heard = dict.fromkeys(peers, (_Heard.NOTHING, 'not probed yet'))
+  with _Listener(cluster) as listener:
+    while True:
+      for peer in peers:
+        if should_stop():
+          return False
+        if heard[peer][0] is not _Heard.PEER:
+          heard[peer] = _probe(cluster, peer)
+      heard_from = listener.heard_from()
+      if (all(found is _Heard.PEER for found, _ in heard.values()) and
+          heard_from >= set(peers)):
+        return True
+      missing = _missing(cluster, heard, heard_from)
+      now = time.monotonic()
+      if now >= deadline:
+        raise errors.PeerFailure(
+            'The cluster did not form within '
+            f'distribution.startup_timeout_seconds={timeout_seconds:g}: '
+            f'{missing}. This task ({cluster.task_name} at '
+            f'{cluster.address}) gives up without training; restart all '
+            'workers of the job together, and check that every one of them '
+            'starts with the same TF_CONFIG cluster.')
+      if now >= next_report:
+        logging.info('Still waiting for the cluster after %.0f s: %s.',
+                     now - started, missing)
+        next_report = now + _REPORT_SECONDS
+      time.sleep(_ROUND_SECONDS)
+
+
+def _missing(cluster: Cluster, heard: dict, heard_from: set[str]) -> str:
+  """Says which peers are missing and what was found at their addresses."""
+  missing = []
+  for peer, (found, detail) in heard.items():
+    where = f'{peer} at {cluster.address_of(peer)}'
+    if found is _Heard.NOTHING:
+      missing.append(f'{where} did not arrive ({found.value}: {detail})')
+    elif found is not _Heard.PEER:
+      missing.append(f'{where} did not arrive ({found.value})')
+    elif peer not in heard_from:
+      missing.append(f'{where} started but has not reached this task at '
+                     f'{cluster.address} (is that address right, and '
+                     'reachable from there?)')
+  # The wait returns before asking when nothing is missing; should a peer
+  # arrive between the two, every peer is named rather than none.
+  return '; '.join(missing) or 'one of ' + ', '.join(
+      f'{peer} at {cluster.address_of(peer)}' for peer in heard)
+
+
+def _greeting(cluster: Cluster) -> bytes:
+  """The line that names this task and its cluster to a peer."""
+  return f'{_GREETING} {cluster.fingerprint} {cluster.task_name}\n'.encode()
+
+
+def _probe(cluster: Cluster, peer: str) -> tuple[_Heard, str]:
+  """Greets peer at its address; returns what answered, and a detail."""
+  host, _, port = cluster.address_of(peer).rpartition(':')
+  try:
+    connection = socket.create_connection((host.strip('[]'), int(port)),
+                                          timeout=_CONNECT_SECONDS)
+  except OSError as error:
+    return _Heard.NOTHING, error.strerror or str(error) or type(error).__name__
+  with connection:
+    try:
+      connection.settimeout(_ANSWER_SECONDS)
+      connection.sendall(_greeting(cluster))
+      answer = _read_line(connection)
+    except OSError:
+      answer = ''
+  fields = answer.split()
+  if fields == [_GREETING, cluster.fingerprint, peer]:
+    return _Heard.PEER, ''
+  if fields[:1] == [_GREETING]:
+    return _Heard.OTHER_CLUSTER, ''
+  return _Heard.SOMETHING_ELSE, ''
+
+
+def _read_line(connection: socket.socket, limit: int = 200) -> str:
+  """One short line from connection ('' if it is something else)."""
+  data = b''
+  while b'\n' not in data and len(data) < limit:
+    chunk = connection.recv(limit)
+    if not chunk:
+      break
+    data += chunk
+  line, newline, _ = data.partition(b'\n')
+  return line.decode('ascii', errors='replace') if newline else ''
+
+
+class _Listener:
+  """This task's address while it waits: answers its peers' greetings.
+
+  Serves on a thread of its own, so that answering never waits on this
+  task's own probes (two tasks probing each other at once would otherwise
+  each wait for the other's answer).
+  """
+
+  def __init__(self, cluster: Cluster):
+    self._cluster = cluster
+    self._heard_from = set()
+    self._lock = threading.Lock()
+    self._stopping = threading.Event()
+    port = int(cluster.address.rpartition(':')[2])
+    try:
+      # All interfaces, as TensorFlow's server listens (it binds [::]:port
+      # whatever the host), so that every address a peer may use works.
+      if socket.has_dualstack_ipv6():
+        self._socket = socket.create_server(
+            ('', port), family=socket.AF_INET6, dualstack_ipv6=True)
+      else:
+        self._socket = socket.create_server(('', port))
+    except OSError as error:
+      raise errors.CtlError(
+          f'This task ({cluster.task_name}) cannot listen at its address '
+          f'{cluster.address} ({error.strerror or error}): another program '
+          f'(an earlier run of this task?) holds port {port}. Stop it, or '
+          'give the task a free port in TF_CONFIG.') from error
+    # accept() wakes up this often to see whether it should stop.
+    self._socket.settimeout(_ROUND_SECONDS)
+    self._thread = threading.Thread(target=self._serve, daemon=True,
+                                    name='ctl-start-up-listener')
+
+  def __enter__(self) -> '_Listener':
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._stopping.set()
+    self._thread.join()
+    self._socket.close()
+
+  def heard_from(self) -> set[str]:
+    """The peers whose greeting this task has answered."""
+    with self._lock:
+      return set(self._heard_from)
+
+  def _serve(self) -> None:
+    """Answers greetings, one connection at a time, until stopped."""
+    while not self._stopping.is_set():
+      try:
+        connection, _ = self._socket.accept()
+      except TimeoutError:
+        continue
+      except OSError:
+        return
+      with connection:
+        self._answer(connection)
+
+  def _answer(self, connection: socket.socket) -> None:
+    """Answers one greeting; remembers the peer only once it is answered."""
+    try:
+      connection.settimeout(_ANSWER_SECONDS)
+      fields = _read_line(connection).split()
+      connection.sendall(_greeting(self._cluster))
+    except OSError:
+      return
+    if (len(fields) == 3 and fields[:2] == [_GREETING,
+                                             self._cluster.fingerprint]
+        and fields[2] in self._cluster.peers):
+      with self._lock:
+        self._heard_from.add(fields[2])

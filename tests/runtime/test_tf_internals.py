@@ -1,0 +1,84 @@
+"""Each private TensorFlow/Keras/Python API ctl uses still behaves as relied
+on. A failure here means upstream changed: revisit ctl/runtime/tf_internals.py.
+"""
+
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ctl.runtime import tf_internals
+
+_TWO_ASYNC_SAVES = '''
+import keras, tensorflow as tf
+{fix}
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+checkpoint = tf.train.Checkpoint(model=model)
+options = tf.train.CheckpointOptions(enable_async=True)
+for number in range(2):
+  checkpoint.save('{directory}/ckpt', options=options)
+checkpoint.sync()
+print('saved twice')
+'''
+
+
+def _two_async_saves(directory, fix: bool) -> subprocess.CompletedProcess:
+  code = _TWO_ASYNC_SAVES.format(
+      directory=directory,
+      fix=('from ctl.runtime import tf_internals\n'
+           'tf_internals.fix_keras_async_checkpoint_copy()' if fix else ''))
+  return subprocess.run([sys.executable, '-c', code], capture_output=True,
+                        text=True, timeout=300)
+
+
+def test_async_checkpoints_of_keras_variables_need_the_fix(tmp_path):
+  # In fresh processes: the fix changes a Keras class for the process.
+  broken = _two_async_saves(tmp_path / 'without', fix=False)
+  assert 'saved twice' not in broken.stdout, (
+      'Keras now saves asynchronously by itself: drop '
+      'fix_keras_async_checkpoint_copy.')
+  assert 'singleton tf.Variables' in broken.stderr
+  fixed = _two_async_saves(tmp_path / 'with', fix=True)
+  assert 'saved twice' in fixed.stdout, fixed.stderr[-2000:]
+
+
+def test_keras_optimizers_sum_gradients_over_replicas_in_a_method_we_skip():
+  optimizer = keras.optimizers.SGD(1.0)
+  assert tf_internals.keras_reduces_gradients(optimizer)
+  variable = tf.Variable([1.0, 1.0])
+  optimizer.build([variable])
+  with tf_internals.keras_gradients_already_reduced(optimizer):
+    assert optimizer._all_reduce_sum_gradients([(1, 2)]) == [(1, 2)]  # pylint: disable=protected-access
+    optimizer.apply_gradients([(tf.constant([0.5, 0.0]), variable)])
+  np.testing.assert_allclose(variable.numpy(), [0.5, 1.0])
+  # Only while it was in effect.
+  assert '_all_reduce_sum_gradients' not in vars(optimizer)
+
+
+def test_all_layers_finds_nested_layers():
+  inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  outer = keras.Sequential([keras.Input((3,)), inner, keras.layers.Dense(1)])
+  layers = tf_internals.all_layers(outer)
+  assert inner.layers[0] in layers and inner in layers
+
+
+def test_the_coordination_service_client_has_what_leave_together_uses():
+  client = tf_internals.coordination_service()
+  for method in ('wait_at_barrier', 'set_config_key_value',
+                 'get_config_key_value'):
+    assert callable(getattr(client, method))
+
+
+def test_run_exit_handlers_runs_registered_handlers():
+  # In a fresh process: running this one's handlers would end TensorFlow.
+  code = ('import atexit\n'
+          'from ctl.runtime import tf_internals\n'
+          "atexit.register(print, 'handler ran')\n"
+          'tf_internals.run_exit_handlers()\n'
+          "print('after')\n")
+  run = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                       text=True, timeout=300)
+  # Run once, now, not again at exit.
+  assert run.stdout.splitlines() == ['handler ran', 'after'], run.stderr
