@@ -165,6 +165,12 @@ class Task(tf.Module):
     """
     raise NotImplementedError
 
+  def train_steps_per_epoch(self) -> int | None:
+    """Steps in an epoch of train_data, when ctl cannot count them (an
+    endless dataset that counts its own epochs); called after train_data.
+    None: config.steps_per_epoch, or else one pass of the dataset."""
+    return None
+
   def eval_data(self, context: tf.distribute.InputContext
                 ) -> Data | Mapping[str, Data] | None:
     """Evaluation data: one set, or {name: set}; None for no evaluation.

@@ -210,8 +210,14 @@ class DataPositions:
   """
 
   def __init__(self, trackables: dict, directory: str, worker: str,
-               max_to_keep: int):
-    self._checkpoint = tf.train.Checkpoint(**trackables)
+               max_to_keep: int, num_workers: int = 1):
+    """Args as named; num_workers: the workers sharing the data now (a
+    position saved by another number of workers is another shard)."""
+    self._num_workers = num_workers
+    self._saved_num_workers = tf.Variable(num_workers, dtype=tf.int64,
+                                          trainable=False)
+    self._checkpoint = tf.train.Checkpoint(
+        num_workers=self._saved_num_workers, **trackables)
     self._directory = os.path.join(directory, worker)
     self._max_to_keep = max_to_keep
     self.enabled = bool(trackables)
@@ -276,3 +282,13 @@ class DataPositions:
           f'The data position {prefix} does not fit this task\'s input '
           f'pipeline: {_summary(error)}. Resume with the pipeline that wrote '
           'it, or train in a new --workdir.') from error
+    saved = int(self._saved_num_workers.numpy())
+    if saved != self._num_workers:
+      raise errors.CtlError(
+          f'The data positions of step {step} were saved by {saved} '
+          f'worker(s), and this job has {self._num_workers}: each worker '
+          'reads its own shard of the data, so the shards would not resume '
+          f'where they stopped. Resume with {saved} worker(s), or train in a '
+          'new --workdir (config.init_from can start it from these '
+          'weights).')
+    self._saved_num_workers.assign(self._num_workers)

@@ -107,7 +107,8 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
   task = task_class(config)
   train_data = task.train_data(context)
   length = _training_length(config, train_data,
-                            distribution.local_replicas(strategy))
+                            distribution.local_replicas(strategy),
+                            task.train_steps_per_epoch())
   task.steps_per_epoch = length.steps_per_epoch
   task.total_steps = length.total_steps
   with strategy.scope():
@@ -128,7 +129,8 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
       async_save=config.intervals.async_checkpoint)
   data_positions = checkpointing.DataPositions(
       train_input.checkpointable, workdir_lib.data_position_dir(workdir),
-      worker=task_info.name, max_to_keep=config.intervals.keep_checkpoints)
+      worker=task_info.name, max_to_keep=config.intervals.keep_checkpoints,
+      num_workers=task_info.num_workers)
 
   data_positions.check_savable()
   # Nothing is written before the run is known to start: a checkpoint that
@@ -252,9 +254,12 @@ def _train(config, workdir, strategy, task, task_info, state, length,
   return eval_results.get('last'), timing
 
 
-def _training_length(config, train_data,
-                     local_replicas: int) -> state_lib.TrainingLength:
+def _training_length(config, train_data, local_replicas: int,
+                     task_steps_per_epoch: int | None
+                     ) -> state_lib.TrainingLength:
   """Epochs and steps, from the config and the task's training data."""
+  if task_steps_per_epoch and not config.steps_per_epoch:
+    return state_lib.training_length(config, task_steps_per_epoch)
   if isinstance(train_data, task_lib.InMemory):
     steps_per_epoch = state_lib.in_memory_steps_per_epoch(config,
                                                           len(train_data))

@@ -51,11 +51,13 @@ class StepRunner:
     self._local_replicas = distribution.local_replicas(strategy)
     # XLA compiles one program per input shape: a step takes the loop's
     # indices and its number, a loop its indices padded to steps_per_loop.
-    self._replica_step = self._train_replica
+    self._step_on_batch = self._train_on_batch
     self._run_steps = self._loop_steps
     if jit_compile == 'step':
-      self._replica_step = tf.function(self._train_replica, jit_compile=True,
-                                       autograph=False)
+      # Compiled from the batch on: its shape is fixed (the loop's rows of
+      # in-memory data are not), and XLA compiles once per input shape.
+      self._step_on_batch = tf.function(self._train_on_batch,
+                                        jit_compile=True, autograph=False)
     elif jit_compile == 'loop':
       self._run_steps = tf.function(self._loop_steps, jit_compile=True,
                                     autograph=False)
@@ -125,14 +127,17 @@ class StepRunner:
     value = self._input.step_value(loop_value, step_in_loop)
     step = first_step + tf.cast(step_in_loop, tf.int64)
     with self._summaries_due(step):
-      outputs = self._strategy.run(self._replica_step,
+      outputs = self._strategy.run(self._train_replica,
                                    args=(value, step_in_loop, step))
     return {name: tf.add_n(self._strategy.experimental_local_results(value))
             for name, value in outputs.items()}
 
   def _train_replica(self, value, step_in_loop, step) -> dict[str, tf.Tensor]:
-    """The task's train_step on this replica's batch, its logs weighted."""
+    """The task's train_step on this replica's batch; its logs."""
     batch = self._input.replica_batch(value, step_in_loop)
+    return self._step_on_batch(batch, step)
+
+  def _train_on_batch(self, batch, step) -> dict[str, tf.Tensor]:
     ctx = task_lib.StepContext(
         global_batch_size=self._global_batch_size, step=step, seed=self._seed,
         training=True, all_reduce_dtype=self._all_reduce_dtype)

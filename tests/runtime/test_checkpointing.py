@@ -101,3 +101,16 @@ def test_a_pipeline_with_a_stateful_op_is_refused_naming_it(tmp_path):
       max_to_keep=1)
   with pytest.raises(errors.CtlError, match='RandomUniform is stateful'):
     positions.check_savable()
+
+
+def test_positions_saved_by_another_number_of_workers_are_refused(tmp_path):
+  def positions(num_workers):
+    return checkpointing.DataPositions(
+        {'iterator': iter(tf.data.Dataset.range(10))}, str(tmp_path),
+        worker='worker:0', max_to_keep=1, num_workers=num_workers)
+
+  positions(2).save(4)
+  positions(2).restore(4)
+  with pytest.raises(errors.CtlError, match='saved by 2 worker.s., and this '
+                     'job has 3'):
+    positions(3).restore(4)

@@ -33,7 +33,9 @@ def test_two_workers_train_one_model(tmp_path):
   # The chief's files only; the other worker's scratch checkpoints are gone.
   assert sorted(path.name for path in workdir.iterdir()) == [
       'checkpoints', 'config.json', 'eval', 'results.json', 'train']
-  assert len(list((workdir / 'train').iterdir())) == 1
+  # The chief's events: ctl's reports, and a task's own tf.summary calls.
+  assert len(list((workdir / 'train').glob('*.v2'))) == 1
+  assert len(list((workdir / 'train').iterdir())) == 2
   assert len(list((workdir / 'eval').iterdir())) == 1
   assert not list(workdir.rglob('workertemp*'))
   assert not list(scratch.iterdir())

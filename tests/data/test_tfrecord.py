@@ -1,0 +1,333 @@
+"""TFRecord input: sharding, determinism, exact resume, bad input, the write
+command, and the digits_tfrecord config trained in-process and on 2
+workers stopped by SIGTERM."""
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ctl import errors
+from ctl.data import datasets
+from ctl.data import tfrecord
+from ctl.data import write_tfrecords
+from ctl.training import run
+import helpers
+
+SPEC = {'image': tf.io.FixedLenFeature([], tf.string),
+        'label': tf.io.FixedLenFeature([], tf.int64)}
+CONFIG = str(helpers.REPO / 'configs' / 'digits_tfrecord.py')
+
+
+def _write_files(directory, num_files=4, per_file=12):
+  """Files f0..; record i of file f has label f * 1000 + i and 4 bytes."""
+  directory.mkdir(parents=True, exist_ok=True)
+  for file_index in range(num_files):
+    with tf.io.TFRecordWriter(str(directory / f'part-{file_index}.tfrecord')
+                              ) as writer:
+      for record in range(per_file):
+        example = tf.train.Example(features=tf.train.Features(feature={
+            'image': tf.train.Feature(bytes_list=tf.train.BytesList(
+                value=[bytes([file_index, record, 0, 0])])),
+            'label': tf.train.Feature(int64_list=tf.train.Int64List(
+                value=[file_index * 1000 + record])),
+        }))
+        writer.write(example.SerializeToString())
+  return str(directory / 'part-*.tfrecord')
+
+
+def _decode(features, seed):
+  """Bytes as int32, plus stateless noise when training: augmentation."""
+  image = tf.cast(tf.io.decode_raw(features['image'], tf.uint8), tf.int32)
+  if seed is not None:
+    image += tf.random.stateless_uniform([4], seed, 0, 1000, tf.int32)
+  return image, features['label']
+
+
+def _context(pipeline=0, num_pipelines=1):
+  return tf.distribute.InputContext(num_input_pipelines=num_pipelines,
+                                    input_pipeline_id=pipeline,
+                                    num_replicas_in_sync=num_pipelines)
+
+
+def _train(pattern, context=None, seed=0, batch=2, epochs=1, **kwargs):
+  """The first `epochs` epochs of the training batches; None: endless."""
+  context = context or _context()
+  source = tfrecord.TFRecordSource(pattern, SPEC)
+  dataset = source.train_dataset(context, per_replica_batch_size=batch,
+                                 seed=seed, decode=_decode, **kwargs)
+  if epochs is None:
+    return dataset
+  return dataset.take(epochs * source.steps_per_epoch(context, batch))
+
+
+def _labels(dataset):
+  return [int(label) for _, labels in dataset for label in labels]
+
+
+def test_files_are_sharded_by_file_across_pipelines(tmp_path):
+  pattern = _write_files(tmp_path, num_files=4, per_file=12)
+  shares = [_labels(_train(pattern, _context(pipeline, 2)))
+            for pipeline in range(2)]
+  # Pipeline 0 reads files 0 and 2, pipeline 1 files 1 and 3: every record.
+  assert {label // 1000 for label in shares[0]} == {0, 2}
+  assert {label // 1000 for label in shares[1]} == {1, 3}
+  assert sorted(shares[0] + shares[1]) == sorted(
+      f * 1000 + i for f in range(4) for i in range(12))
+
+
+def test_fewer_files_than_pipelines_shards_by_record_with_a_warning(
+    tmp_path, caplog):
+  pattern = _write_files(tmp_path, num_files=1, per_file=12)
+  with caplog.at_level(logging.WARNING):
+    shares = [_labels(_train(pattern, _context(pipeline, 2)))
+              for pipeline in range(2)]
+  assert '1 TFRecord file(s)' in caplog.text
+  assert 'keeps 1 record in 2' in caplog.text
+  assert len(shares[0]) == len(shares[1]) == 6
+  assert sorted(shares[0] + shares[1]) == list(range(12))
+
+
+def test_pipelines_fill_the_same_number_of_batches(tmp_path):
+  # Files of 12, 3, 12, 3 records: pipeline 0 reads 24, pipeline 1 reads
+  # 6, so each yields 3 batches of 2 (workers must agree on the steps).
+  for index, per_file in enumerate((12, 3, 12, 3)):
+    _write_files(tmp_path / str(index), num_files=1, per_file=per_file)
+    os.rename(tmp_path / str(index) / 'part-0.tfrecord',
+              tmp_path / f'part-{index}.tfrecord')
+  pattern = str(tmp_path / 'part-*.tfrecord')
+  lengths = [len(list(_train(pattern, _context(pipeline, 2))))
+             for pipeline in range(2)]
+  assert lengths == [3, 3]
+
+
+def test_same_seed_same_batches_another_seed_another_order(tmp_path):
+  pattern = _write_files(tmp_path)
+  first = _labels(_train(pattern, seed=1, epochs=2))
+  assert first == _labels(_train(pattern, seed=1, epochs=2))
+  assert first != _labels(_train(pattern, seed=2, epochs=2))
+  assert sorted(first[:48]) == sorted(first[48:])  # Each epoch: every record.
+
+
+def test_file_order_is_reshuffled_each_epoch(tmp_path):
+  pattern = _write_files(tmp_path, num_files=4, per_file=3)
+  # One file at a time and no record shuffle: the files' order shows.
+  labels = _labels(_train(pattern, batch=3, shuffle_buffer=1,
+                          cycle_length=1, epochs=4))
+  orders = [tuple(label // 1000 for label in labels[start:start + 12:3])
+            for start in range(0, 48, 12)]
+  assert all(sorted(order) == [0, 1, 2, 3] for order in orders)
+  assert len(set(orders)) > 1, orders
+
+
+def test_a_restored_iterator_gives_exactly_the_following_batches(tmp_path):
+  pattern = _write_files(tmp_path)
+  iterator = iter(_train(pattern, seed=3, epochs=None))
+  for _ in range(30):  # Into the second epoch (24 batches each).
+    next(iterator)
+  checkpoint = tf.train.Checkpoint(iterator=iterator)
+  path = checkpoint.write(str(tmp_path / 'position' / 'ckpt'))
+  expected = [next(iterator) for _ in range(25)]  # Across an epoch's end.
+
+  restored = iter(_train(pattern, seed=3, epochs=None))
+  tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+  for (images, labels), (want_images, want_labels) in zip(
+      [next(restored) for _ in range(25)], expected):
+    np.testing.assert_array_equal(labels, want_labels)
+    # The augmentation's noise too, drawn from the saved seeds.
+    np.testing.assert_array_equal(images, want_images)
+
+
+def test_augmentation_draws_anew_each_epoch(tmp_path):
+  pattern = _write_files(tmp_path)
+  batches = list(_train(pattern, seed=3, epochs=2))
+
+  def images_by_label(epoch):
+    return {int(label): tuple(image.numpy()) for images, labels in epoch
+            for image, label in zip(images, labels)}
+
+  first, second = images_by_label(batches[:24]), images_by_label(batches[24:])
+  assert first.keys() == second.keys()
+  assert all(first[label] != second[label] for label in first)
+
+
+def test_a_glob_matching_nothing_names_the_glob(tmp_path):
+  _write_files(tmp_path)
+  with pytest.raises(errors.CtlError, match=r"No file matches '.*/nope-\*'"):
+    tfrecord.TFRecordSource(str(tmp_path / 'nope-*'), SPEC)
+
+
+def test_a_missing_directory_is_named(tmp_path):
+  with pytest.raises(errors.CtlError,
+                     match=r'data directory .*/absent does not exist'):
+    tfrecord.TFRecordSource(str(tmp_path / 'absent' / '*.tfrecord'), SPEC)
+
+
+def test_a_corrupt_record_names_its_file(tmp_path):
+  pattern = _write_files(tmp_path)
+  path = tmp_path / 'part-2.tfrecord'
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  path.write_bytes(bytes(data))
+  with pytest.raises(errors.CtlError,
+                     match=r'part-2\.tfrecord is not a whole TFRecord file: '
+                     r'corrupted record'):
+    tfrecord.TFRecordSource(pattern, SPEC)
+
+
+def test_a_truncated_file_names_its_file(tmp_path):
+  pattern = _write_files(tmp_path)
+  path = tmp_path / 'part-1.tfrecord'
+  path.write_bytes(path.read_bytes()[:-7])
+  with pytest.raises(errors.CtlError, match=r'part-1\.tfrecord is not a '
+                     'whole TFRecord file'):
+    tfrecord.TFRecordSource(pattern, SPEC)
+
+
+@pytest.mark.parametrize('spec, message', [
+    ({'image': SPEC['image'], 'digit': SPEC['label']},
+     r"Feature 'digit' of the spec is not in the records of .*part-0"),
+    ({'image': SPEC['image'], 'label': tf.io.FixedLenFeature([], tf.float32)},
+     r"Feature 'label' of .* is a int64_list but the spec says float32"),
+    ({'image': SPEC['image'], 'label': tf.io.FixedLenFeature([3], tf.int64)},
+     r"Feature 'label' of .* has 1 values but the spec's shape \[3\]"),
+], ids=['missing', 'dtype', 'shape'])
+def test_a_spec_the_records_do_not_match_names_the_feature(tmp_path, spec,
+                                                           message):
+  pattern = _write_files(tmp_path)
+  with pytest.raises(errors.CtlError, match=message):
+    tfrecord.TFRecordSource(pattern, spec)
+
+
+def test_the_write_command_writes_shards_and_their_spec(tmp_path):
+  output = tmp_path / 'digits'
+  command = [sys.executable, '-m', 'ctl.data.write_tfrecords',
+             '--dataset=digits', f'--output={output}', '--num_shards=3']
+  done = subprocess.run(command, cwd=helpers.REPO, env=helpers.env_with(),
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert sorted(path.name for path in output.iterdir()) == [
+      *(f'eval-0000{i}-of-00003.tfrecord' for i in range(3)),
+      'features.json',
+      *(f'train-0000{i}-of-00003.tfrecord' for i in range(3))]
+  metadata = write_tfrecords.read_metadata(str(output))
+  assert metadata['image_shape'] == [8, 8] and metadata['num_classes'] == 10
+  digits = datasets.load_digits(helpers.digits().data)
+  spec = tfrecord.spec_from_json(metadata['features'])
+  train = tfrecord.TFRecordSource(str(output / 'train-*'), spec)
+  assert len(train) == len(digits.train) == metadata['splits']['train'][
+      'num_examples']
+  # Shard i holds examples i, i + 3, ...: its first is example 1 for shard 1.
+  record = next(iter(tf.data.TFRecordDataset(
+      str(output / 'train-00001-of-00003.tfrecord'))))
+  features = tf.io.parse_single_example(record, spec)
+  np.testing.assert_array_equal(
+      np.frombuffer(features['image'].numpy(), np.uint8).reshape(8, 8),
+      digits.train.features[1])
+  assert int(features['label']) == digits.train.labels[1]
+
+  again = subprocess.run(command, cwd=helpers.REPO, env=helpers.env_with(),
+                         capture_output=True, text=True, timeout=300)
+  assert again.returncode != 0 and 'exists' in again.stderr
+
+
+def test_a_second_writer_keeps_the_first_whole_copy(tmp_path):
+  data = datasets.load_digits(helpers.digits().data)
+  output = str(tmp_path / 'shards')
+  assert write_tfrecords.write(data, output, 2, 'digits')
+  stamps = helpers.file_stamps(tmp_path)
+  assert not write_tfrecords.write(data, output, 2, 'digits')
+  assert helpers.file_stamps(tmp_path) == stamps  # No temporary left over.
+
+
+def _smoke(tmp_path, **fields):
+  config = helpers.load_config_file(CONFIG, 'smoke')
+  config.data.tfrecord.dir = str(tmp_path / 'shards')
+  return helpers.override(config, **fields)
+
+
+def test_the_smoke_config_writes_its_shards_then_trains(tmp_path):
+  results = run.train_and_evaluate(_smoke(tmp_path), str(tmp_path / 'work'))
+  assert (tmp_path / 'shards' / 'features.json').exists()
+  assert results['step'] == 2 * 44  # 1438 // 32 steps an epoch.
+  assert results['eval']['accuracy'] > 0.85
+  assert list((tmp_path / 'work' / 'checkpoints' / 'data').glob(
+      '*/ckpt-88.index'))
+
+
+@pytest.mark.parametrize('fields, message', [
+    ({'data.tfrecord.prepare': False}, r'data directory .*shards .*does not '
+     'exist'),
+    ({'data.tfrecord.train_pattern': 'trian-*'}, r"No file matches '.*trian"),
+], ids=['missing_directory', 'bad_glob'])
+def test_bad_input_stops_the_task_before_anything_is_written(
+    tmp_path, fields, message):
+  with pytest.raises(errors.CtlError, match=message):
+    run.train_and_evaluate(_smoke(tmp_path, **fields), str(tmp_path / 'work'))
+  assert not (tmp_path / 'work').exists()
+
+
+def test_a_corrupt_shard_stops_the_task_before_anything_is_written(tmp_path):
+  write_tfrecords.write(datasets.load_digits(helpers.digits().data),
+                        str(tmp_path / 'shards'), 2, 'digits')
+  path = tmp_path / 'shards' / 'train-00001-of-00002.tfrecord'
+  data = bytearray(path.read_bytes())
+  data[1000] ^= 0xFF
+  path.write_bytes(bytes(data))
+  with pytest.raises(errors.CtlError, match='train-00001-of-00002.tfrecord '
+                     'is not a whole TFRecord file'):
+    run.train_and_evaluate(_smoke(tmp_path), str(tmp_path / 'work'))
+  assert not (tmp_path / 'work').exists()
+
+
+TOTAL_STEPS = 88  # The smoke config: 2 epochs of 44 steps.
+
+
+@pytest.mark.slow
+def test_two_workers_stopped_mid_epoch_resume_bit_identically(tmp_path):
+  """4 shards, 2 workers, shifted images: SIGTERM to worker 1, restart."""
+  args = (f'--config={CONFIG}:smoke', '--config.deterministic=True',
+          '--config.data.tfrecord.shift=1', '--config.intervals.log_steps=1',
+          f'--config.data.tfrecord.dir={tmp_path / "shards"}')
+
+  def start(workdir):
+    return [helpers.Watched(helpers.ctl_command(*args, f'--workdir={workdir}'),
+                            env) for env in helpers.cluster_envs(2)]
+
+  # Both workers write the missing shards at once: one copy wins.
+  reference = start(tmp_path / 'reference')
+  assert [job.wait() for job in reference] == [0, 0], (
+      reference[-1].output[-3000:])
+  expected = helpers.fingerprint(reference[0].output)
+  assert expected == helpers.fingerprint(reference[1].output)
+  assert sorted(path.name for path in tmp_path.iterdir()) == [
+      'reference', 'shards']
+
+  for attempt in range(3):
+    workdir = tmp_path / f'attempt{attempt}'
+    jobs = start(workdir)
+    jobs[1].wait_for(r'step 50/')  # Epoch 2, step 6 of 44.
+    jobs[1].process.send_signal(signal.SIGTERM)
+    codes = [job.wait() for job in jobs]
+    if codes == [errors.EXIT_PREEMPTED] * 2:
+      break
+    # On a loaded machine the job may finish before the signal takes effect.
+    assert codes == [0, 0], jobs[1].output[-3000:]
+  else:
+    pytest.fail('The job finished before SIGTERM in all 3 attempts')
+  step = int(re.search(r'Stopped by SIGTERM after step (\d+)',
+                       jobs[0].output).group(1))
+  assert 50 <= step < TOTAL_STEPS and step % 44
+  assert len(list(workdir.glob(f'checkpoints/data/*/ckpt-{step}.index'))) == 2
+
+  resumed = start(workdir)
+  assert [job.wait() for job in resumed] == [0, 0], resumed[1].output[-3000:]
+  for job in resumed:
+    assert f'Training from step {step} to {TOTAL_STEPS}' in job.output
+    assert helpers.fingerprint(job.output) == expected
