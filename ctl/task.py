@@ -207,9 +207,10 @@ class Task(tf.Module):
     del name, outputs
     return {}
 
-  def report_logs(self) -> Mapping[str, float]:
-    """Logs read in Python at each report, not in every step (e.g. the
-    learning rate); eager, on every worker."""
+  def loop_logs(self) -> Mapping[str, tf.Tensor]:
+    """Scalar logs computed once per loop of steps, not in every step (e.g.
+    the learning rate): inside the loop's tf.function, in cross-replica
+    context. The last loop's values are reported."""
     return {}
 
   def models(self) -> list[keras.Model]:

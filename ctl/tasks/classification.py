@@ -72,9 +72,9 @@ class Classification(task_lib.Task):
       metric.update_state(labels, logits)
     return {'loss': tf.reduce_mean(per_example_loss) + regularization}
 
-  def report_logs(self) -> dict[str, float]:
-    # Read once per report, not in every step: a schedule costs ops.
-    return {'learning_rate': float(self.optimizer.learning_rate)}
+  def loop_logs(self) -> dict[str, tf.Tensor]:
+    # Once per loop, not in every step: a schedule costs ops.
+    return {'learning_rate': self.optimizer.learning_rate}
 
   def eval_step(self, batch, ctx: task_lib.StepContext) -> dict:
     del ctx

@@ -64,13 +64,15 @@ class TrainLoop:
                steps_per_loop: int, actions: Sequence[Action],
                checkpoint: Action, checkpoint_clock: periodic.Periodic,
                stop_signal: preemption.StopSignal, speed: speed_lib.SpeedMeter,
-               on_logs: Callable[[dict[str, float], int], None],
+               on_logs: Callable[[dict[str, float], int, dict[str, float]],
+                                 None],
                on_first_step: Callable[[], None]):
     """Args as named.
 
     Args:
       runner: a ctl.training.steps.StepRunner.
-      on_logs: receives each loop's mean logs and its number of steps.
+      on_logs: receives each loop's mean logs, its number of steps and its
+        loop_logs.
       on_first_step: called once the first step is done.
     """
     self._runner = runner
@@ -118,11 +120,13 @@ class TrainLoop:
       outputs = self._runner.train_loop(iterator, tf.constant(num_steps),
                                         requests)
       logs = {name: float(value) for name, value in outputs['logs'].items()}
+      loop_logs = {name: float(value)
+                   for name, value in outputs['loop_logs'].items()}
       stop, save_now = (outputs['requests'].numpy() > 0).tolist()
       if self._speed.stop(num_steps):
         self._on_first_step()
       _check_finite(logs, previous_step, step)
-      self._on_logs(logs, num_steps)
+      self._on_logs(logs, num_steps, loop_logs)
       end_of_epoch = (step % self._length.steps_per_epoch == 0 or
                       step == total_steps)
       for action in self._actions:
@@ -159,10 +163,7 @@ class Reporter:
   def __init__(self, *, length: state_lib.TrainingLength,
                metrics: metric_reading.MetricReader,
                writer: summaries.MetricWriter, speed: speed_lib.SpeedMeter,
-               summary_every: Every,
-               extra_logs: Callable[[], dict[str, float]] = dict):
-    """Args as named; extra_logs: the task's report_logs."""
-    self._extra_logs = extra_logs
+               summary_every: Every):
     self._length = length
     self._metrics = metrics
     self._writer = writer
@@ -170,19 +171,22 @@ class Reporter:
     self._summary_every = summary_every
     self._sums: dict[str, float] = {}
     self._steps = 0
+    self._latest: dict[str, float] = {}
 
-  def add(self, logs: dict[str, float], num_steps: int) -> None:
-    """Adds a loop's mean logs."""
+  def add(self, logs: dict[str, float], num_steps: int,
+          loop_logs: dict[str, float]) -> None:
+    """Adds a loop's mean logs; keeps its loop_logs, the latest."""
     for name, value in logs.items():
       self._sums[name] = self._sums.get(name, 0.0) + value * num_steps
     self._steps += num_steps
+    self._latest = loop_logs
 
   def report(self, step: int) -> None:
     """Logs (and at summary steps summarises) everything since the last."""
     scalars = {name: total / self._steps for name, total in self._sums.items()
                } if self._steps else {}
     self._sums, self._steps = {}, 0
-    scalars.update(self._extra_logs())
+    scalars.update(self._latest)
     scalars.update(self._metrics.read_and_reset())
     steps_per_second = self._speed.steps_per_second()
     if steps_per_second:

@@ -30,21 +30,19 @@ class MetricReader:
     """{name: result}: floats for scalars, arrays for the rest."""
     if not self._metrics:
       return {}
-    return {name: (float(value) if value.shape.rank == 0 else value.numpy())
-            for name, value in self._read().items()}
+    return _as_python(self._read())
 
   def read_and_reset(self) -> dict[str, float | np.ndarray]:
-    results = self.read()
-    self.reset()
-    return results
+    """read(), then reset(), in one tf.function call."""
+    if not self._metrics:
+      return {}
+    return _as_python(self._read_and_reset())
 
   def reset(self) -> None:
     if self._metrics:
       self._reset()
 
-  @tf.function(autograph=False)
-  def _read(self):
-    # One call: each eager op would cost a dispatch on the training thread.
+  def _results(self) -> dict[str, tf.Tensor]:
     results = {}
     for metric in self._metrics:
       result = metric.result()
@@ -53,10 +51,31 @@ class MetricReader:
                      {metric.name: result})
     return results
 
-  @tf.function(autograph=False)
-  def _reset(self):
+  def _reset_all(self) -> None:
     for metric in self._metrics:
       metric.reset_state()
+
+  # One tf.function call each: an eager op per metric would cost a dispatch
+  # on the training thread.
+  @tf.function(autograph=False)
+  def _read(self):
+    return self._results()
+
+  @tf.function(autograph=False)
+  def _reset(self):
+    self._reset_all()
+
+  @tf.function(autograph=False)
+  def _read_and_reset(self):
+    results = self._results()
+    with tf.control_dependencies(tf.nest.flatten(results)):
+      self._reset_all()
+    return results
+
+
+def _as_python(results) -> dict[str, float | np.ndarray]:
+  return {name: (float(value) if value.shape.rank == 0 else value.numpy())
+          for name, value in results.items()}
 
 
 def sum_over_workers(strategy: tf.distribute.Strategy,

@@ -209,8 +209,7 @@ def _train(config, workdir, strategy, task, task_info, state, length,
   summary_every = loop_lib.Every((intervals.summary_steps,), at_epoch_end=True)
   reporter = loop_lib.Reporter(
       length=length, metrics=metric_reading.MetricReader(task.train_metrics),
-      writer=train_writer, speed=speed, summary_every=summary_every,
-      extra_logs=task.report_logs)
+      writer=train_writer, speed=speed, summary_every=summary_every)
   eval_results = {}
   timing = {'first_step_seconds': None}
 

@@ -73,8 +73,8 @@ class StepRunner:
       requests: this worker's int32 flags, e.g. [stop, save].
 
     Returns:
-      'logs': the task's logs averaged over the loop's steps and replicas
-        (weighted by examples);
+      'logs': the task's logs averaged over the loop's steps and replicas;
+      'loop_logs': the task's loop_logs after the loop;
       'requests': `requests` summed over every replica of every worker: an
         entry > 0 means some worker asked for it, and every worker gets the
         same answer after the same step.
@@ -96,7 +96,9 @@ class StepRunner:
     by_name = dict(zip(names, tf.unstack(totals[:len(names)])))
     examples = by_name.pop(EXAMPLES)
     logs = {name: value / examples for name, value in by_name.items()}
-    return {'logs': logs,
+    loop_logs = {name: tf.cast(value, tf.float32)
+                 for name, value in self._task.loop_logs().items()}
+    return {'logs': logs, 'loop_logs': loop_logs,
             'requests': tf.cast(tf.round(totals[len(names):]), tf.int32)}
 
   def _loop_steps(self, loop_value, num_steps: tf.Tensor) -> dict:
