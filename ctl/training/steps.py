@@ -104,21 +104,20 @@ class StepRunner:
   def _loop_steps(self, loop_value, num_steps: tf.Tensor) -> dict:
     """The first num_steps steps; this worker's example-weighted log sums.
 
-    Every step runs in the graph loop's body, so that a step is the same
-    program whichever loop it falls in (XLA compiles a loop whole, and a
-    resumed run cuts loops elsewhere). The sums it carries need the logs'
-    structure, known only once the task's step is traced: a trace that is
-    never run finds it.
+    The step is traced once, as a function the graph loop's body calls:
+    every step then runs the same program whichever loop it falls in (XLA
+    compiles a loop whole, and a resumed run cuts loops elsewhere), and the
+    sums the loop carries take the logs' structure from that trace.
     """
     first_step = self._state.step.read_value()
     zero = tf.constant(0)
-    probe = tf.function(self._run_step, autograph=False).get_concrete_function(
+    run_step = tf.function(self._run_step, autograph=False).get_concrete_function(
         loop_value, zero, first_step)
     sums = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
-                                 probe.structured_outputs)
+                                 run_step.structured_outputs)
 
     def body(i, sums):
-      logs = self._run_step(loop_value, i, first_step)
+      logs = run_step(loop_value, i, first_step)
       return i + 1, {name: sums[name] + logs[name] for name in sums}
 
     _, sums = tf.while_loop(lambda i, _: i < num_steps, body, [zero, sums])
