@@ -245,3 +245,11 @@ def test_checkpoints_on_a_time_interval_at_loop_ends(tmp_path):
                  (tmp_path / 'checkpoints').glob('ckpt-*.index'))
   # Loops end after the first step, then every 5 steps, and at the epoch end.
   assert saved == [1, 6, 11, 16, 21, 26, 31, 36, 41, 44]
+
+
+def test_a_profiler_trace_of_the_chosen_steps(tmp_path):
+  run.train_and_evaluate(
+      helpers.digits(1, **{'profile.start_step': 5, 'profile.num_steps': 3}),
+      str(tmp_path))
+  traces = list((tmp_path / 'train' / 'plugins' / 'profile').rglob('*.xplane.pb'))
+  assert len(traces) == 1
