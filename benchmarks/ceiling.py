@@ -10,6 +10,7 @@ faster.
     TF_CONFIG=... python -m benchmarks.ceiling
 """
 
+from collections.abc import Callable
 import json
 import os
 import time
@@ -19,10 +20,21 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import workloads as bw
-from ctl.training import steps as steps_lib
 
 _STEPS_PER_CALL = 100
 _CALLS = 2
+
+
+def _repeat(body: Callable[[tf.Tensor], None],
+            num_times: tf.Tensor) -> None:
+  """Calls body(i) for i in 0..num_times-1, as one graph loop (as ctl's
+  StepRunner loops its steps)."""
+
+  def step(i):
+    body(i)
+    return i + 1
+
+  tf.while_loop(lambda i: i < num_times, step, [tf.constant(0)])
 
 
 def main() -> None:
@@ -50,7 +62,7 @@ def main() -> None:
 
   @tf.function(autograph=False)
   def loop(num_steps):
-    steps_lib.repeat(lambda _: strategy.run(replica_step), num_steps)
+    _repeat(lambda _: strategy.run(replica_step), num_steps)
 
   loop(tf.constant(2))  # Traces.
   start = time.perf_counter()

@@ -1,8 +1,18 @@
 """configs/digits.py's run, reading the digits from TFRecord shards."""
 
+import importlib.util
+import os
+
 import ml_collections
 
-from ctl import config as config_lib
+
+def _digits_config(variant: str) -> ml_collections.ConfigDict:
+  """configs/digits.py's get_config(variant), loaded beside this file."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'digits.py')
+  spec = importlib.util.spec_from_file_location('configs_digits', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant)
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
@@ -18,7 +28,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
     variant: '' for the default; 'smoke' for a run of a few steps, e.g.
       --config=configs/digits_tfrecord.py:smoke.
   """
-  config = config_lib.classification_config()
+  # The digits run (model, optimizer, batches, epochs, intervals; its
+  # variants), reading TFRecord shards.
+  config = _digits_config(variant)
   config.task = 'tfrecord_classification'
   # The dataset written to data.tfrecord.dir when it is missing.
   config.data.name = 'digits'
@@ -37,20 +49,4 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.data.tfrecord.cycle_length = 4  # Files read at once.
   # Augmentation: shift each training image by up to this many pixels.
   config.data.tfrecord.shift = 0
-
-  config.model.name = 'cnn'
-  config.optimizer.name = 'adam'
-  config.optimizer.learning_rate = 3e-3
-  config.optimizer.schedule = 'cosine'
-  config.batch_size = 32
-  config.eval_batch_size = 360  # The whole eval split in one step.
-  config.num_epochs = 20
-  config.intervals.log_steps = 0
-  config.intervals.summary_steps = 11
-  config.intervals.checkpoint_epochs = 1
-  config.jit_compile = 'off'
-  if variant == 'smoke':
-    config.num_epochs = 2
-  elif variant:
-    raise ValueError(f"Unknown variant {variant!r}: use '' or 'smoke'.")
   return config

@@ -43,6 +43,7 @@ class Evaluator:
     self._writers = {}
     self._functions = {}
     self._metrics = metric_reading.MetricReader(task.eval_metrics)
+    self._sum_over_workers = metric_reading.WorkerSum(strategy)
 
   def has_data(self) -> bool:
     """Whether the task has eval sets (builds them the first time)."""
@@ -143,8 +144,8 @@ class Evaluator:
     if not sums:
       return {}
     keys = sorted(sums)
-    totals = metric_reading.sum_over_workers(
-        self._strategy, np.array([sums[key] for key in keys], np.float64))
+    totals = self._sum_over_workers(
+        np.array([sums[key] for key in keys], np.float64))
     totals = dict(zip(keys, totals))
     examples = totals.pop(steps_lib.EXAMPLES)
     return {key: float(value / examples) if examples else float('nan')

@@ -1,8 +1,8 @@
 """The Python loop around train_loop: runs loops of steps and the periodic
 actions due after each.
 
-Periodic work is a list of `Action`s, each saying *when* (every N steps, at
-epoch ends) apart from *what* (a callable of the step). Loops end at every
+Periodic work is a list of `Action`s, each saying *when* (`periodic.Every`:
+every N steps, at epoch ends) apart from *what* (a callable of the step). Loops end at every
 step where some action is due, so that logs, summaries, evaluations and
 checkpoints happen at exact steps, the same on every worker (metric reads
 and checkpoint saves are collectives under MultiWorkerMirroredStrategy).
@@ -26,29 +26,11 @@ from ctl.training import state as state_lib
 
 
 @dataclasses.dataclass(frozen=True)
-class Every:
-  """When an action is due: every N steps for each N of `steps` (0: never),
-  and/or at the end of every epoch and of training."""
-
-  steps: tuple[int, ...] = ()
-  at_epoch_end: bool = False
-
-  def due(self, step: int, end_of_epoch: bool) -> bool:
-    return ((self.at_epoch_end and end_of_epoch) or
-            any(every and step % every == 0 for every in self.steps))
-
-  def steps_until(self, step: int) -> int | None:
-    """Steps from `step` to the next due step by count; None if never."""
-    return min((every - step % every for every in self.steps if every),
-               default=None)
-
-
-@dataclasses.dataclass(frozen=True)
 class Action:
   """Periodic work: when it is due, and what it does at a step."""
 
   name: str
-  when: Every
+  when: periodic.Every
   what: Callable[[int], None]
 
 
@@ -163,7 +145,7 @@ class Reporter:
   def __init__(self, *, length: state_lib.TrainingLength,
                metrics: metric_reading.MetricReader,
                writer: summaries.MetricWriter, speed: speed_lib.SpeedMeter,
-               summary_every: Every):
+               summary_every: periodic.Every):
     self._length = length
     self._metrics = metrics
     self._writer = writer

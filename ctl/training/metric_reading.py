@@ -78,19 +78,24 @@ def _as_python(results) -> dict[str, float | np.ndarray]:
           for name, value in results.items()}
 
 
-def sum_over_workers(strategy: tf.distribute.Strategy,
-                     local: np.ndarray) -> np.ndarray:
-  """Sums a vector that each worker holds over every worker."""
-  local_replicas = distribution.local_replicas(strategy)
-  if strategy.num_replicas_in_sync == local_replicas:
-    return local  # One worker.
-  value = tf.constant(local / local_replicas, tf.float64)
-  return _sum_function(strategy)(value).numpy()
+class WorkerSum:
+  """Sums a vector that each worker holds over every worker; one traced
+  function, reused."""
 
+  def __init__(self, strategy: tf.distribute.Strategy):
+    self._strategy = strategy
+    self._one_worker = (strategy.num_replicas_in_sync ==
+                        distribution.local_replicas(strategy))
+    self._local_replicas = distribution.local_replicas(strategy)
 
-def _sum_function(strategy):
+  def __call__(self, local: np.ndarray) -> np.ndarray:
+    if self._one_worker:
+      return local
+    return self._total(tf.constant(local / self._local_replicas,
+                                   tf.float64)).numpy()
+
   @tf.function(autograph=False)
-  def total(value):
-    return strategy.reduce(tf.distribute.ReduceOp.SUM,
-                           strategy.run(lambda: tf.identity(value)), axis=None)
-  return total
+  def _total(self, value):
+    return self._strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
+        self._strategy.run(lambda: tf.identity(value)), axis=None)

@@ -206,7 +206,8 @@ def _train(config, workdir, strategy, task, task_info, state, length,
       summary_steps=config.intervals.summary_steps)
   intervals = config.intervals
   speed = speed_lib.SpeedMeter()
-  summary_every = loop_lib.Every((intervals.summary_steps,), at_epoch_end=True)
+  summary_every = periodic.Every((intervals.summary_steps,),
+                                 at_epoch_end=True)
   reporter = loop_lib.Reporter(
       length=length, metrics=metric_reading.MetricReader(task.train_metrics),
       writer=train_writer, speed=speed, summary_every=summary_every)
@@ -227,14 +228,14 @@ def _train(config, workdir, strategy, task, task_info, state, length,
                  timing['first_step_seconds'])
 
   actions = [
-      loop_lib.Action('report', loop_lib.Every(
+      loop_lib.Action('report', periodic.Every(
           (intervals.log_steps, intervals.summary_steps), at_epoch_end=True),
                       reporter.report),
-      loop_lib.Action('evaluate', loop_lib.Every(
+      loop_lib.Action('evaluate', periodic.Every(
           (intervals.eval_steps,), at_epoch_end=True), evaluate),
       *_profile_actions(config.profile, workdir, task_info.is_chief),
   ]
-  checkpoint = loop_lib.Action('checkpoint', loop_lib.Every(
+  checkpoint = loop_lib.Action('checkpoint', periodic.Every(
       (intervals.checkpoint_steps,
        length.steps_per_epoch * intervals.checkpoint_epochs)), save)
   train_loop = loop_lib.TrainLoop(
@@ -246,9 +247,11 @@ def _train(config, workdir, strategy, task, task_info, state, length,
   loops = train_loop.plan(int(state.step.numpy()))
   step_writer = summaries.step_summary_writer(
       workdir_lib.summary_dir(workdir, 'train'), task_info.is_chief)
-  with step_writer.as_default():
-    train_loop.run(train_input.make_iterator(loops), loops)
-  step_writer.close()
+  try:
+    with step_writer.as_default():
+      train_loop.run(train_input.make_iterator(loops), loops)
+  finally:
+    step_writer.close()
   timing['steps_per_second'] = speed.steady_steps_per_second()
   return eval_results.get('last'), timing
 
@@ -314,5 +317,5 @@ def _profile_actions(config, workdir: str, is_chief: bool):
       logging.info('Profiled steps %d..%d into %s', start + 1, end, logdir)
 
   # Loops end at these steps; the trace covers the steps in between.
-  return [loop_lib.Action('profile start', loop_lib.Every((start,)), begin),
-          loop_lib.Action('profile stop', loop_lib.Every((end,)), finish)]
+  return [loop_lib.Action('profile start', periodic.Every((start,)), begin),
+          loop_lib.Action('profile stop', periodic.Every((end,)), finish)]

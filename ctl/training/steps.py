@@ -244,17 +244,3 @@ def batch_size(batch: Any) -> tf.Tensor:
   if isinstance(first, tf.SparseTensor):
     return first.dense_shape[0]
   return tf.shape(first)[0]
-
-
-def repeat(body: Callable[[tf.Tensor], None], num_times: tf.Tensor) -> None:
-  """Calls body(i) for i in 0..num_times-1, as one graph loop.
-
-  An explicit tf.while_loop: AutoGraph's `for i in tf.range(n)` would make n
-  a compile-time constant for XLA (one compilation per loop length).
-  """
-
-  def step(i):
-    body(i)
-    return i + 1
-
-  tf.while_loop(lambda i: i < num_times, step, [tf.constant(0)])

@@ -1,4 +1,4 @@
-"""Periodic says when work is due, by step and by an injected clock."""
+"""Every and Periodic say when work is due, by step and by an injected clock."""
 
 from ctl.runtime import periodic
 
@@ -13,19 +13,19 @@ class FakeClock:
 
 
 def test_step_intervals_fall_on_multiples_of_the_interval():
-  every_10 = periodic.Periodic(every_steps=10)
-  assert [step for step in range(1, 31) if every_10.due_at(step)] == [
+  every_10 = periodic.Every((10,))
+  assert [step for step in range(1, 31) if every_10.due(step, False)] == [
       10, 20, 30]
-  assert every_10.steps_until_due(0) == 10
-  assert every_10.steps_until_due(13) == 7
-  assert every_10.steps_until_due(20) == 10
+  assert every_10.steps_until(0) == 10
+  assert every_10.steps_until(13) == 7
+  assert every_10.steps_until(20) == 10
 
 
 def test_no_interval_is_never_due():
-  never = periodic.Periodic()
-  assert not any(never.due_at(step) for step in range(100))
-  assert never.steps_until_due(5) is None
-  assert not never.due_by_time()
+  never = periodic.Every()
+  assert not any(never.due(step, False) for step in range(100))
+  assert never.steps_until(5) is None
+  assert not periodic.Periodic().due_by_time()
 
 
 def test_time_interval_counts_from_the_last_done():
