@@ -48,6 +48,21 @@ class Cluster:
                  for index in range(len(self.jobs.get(job, ()))))
 
   @property
+  def training_jobs(self) -> dict[str, list[str]]:
+    """The chief and worker jobs: the cluster that trains together.
+
+    An evaluator is left out, so that training neither waits for it nor
+    includes it in a collective.
+    """
+    return {job: list(self.jobs[job]) for job in TRAINING_JOBS
+            if job in self.jobs}
+
+  @property
+  def has_evaluator(self) -> bool:
+    """Whether an evaluator task evaluates the chief's checkpoints."""
+    return 'evaluator' in self.jobs
+
+  @property
   def peers(self) -> tuple[str, ...]:
     """The other training tasks: the ones this task waits for."""
     return tuple(name for name in self.training_tasks

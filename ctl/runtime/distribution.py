@@ -22,10 +22,6 @@ from ctl.runtime import rendezvous
 from ctl.runtime import tf_internals
 from ctl import errors
 
-_RESOLVERS = {
-    'tf_config': tf.distribute.cluster_resolver.TFConfigClusterResolver,
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -37,6 +33,9 @@ class Task:
   is_chief: bool  # The chief alone writes checkpoints, summaries and results.
   # The job's other tasks, as 'worker:1'; none for a single process.
   peers: tuple[str, ...] = ()
+  # Whether the cluster has an evaluator task, which then evaluates the
+  # chief's checkpoints instead of the training tasks.
+  has_evaluator: bool = False
 
   @property
   def name(self) -> str:
@@ -68,11 +67,12 @@ def build_strategy(
 
   Must run before any other TensorFlow op: a multi-worker strategy configures
   the runtime, and is only built once every worker of the cluster has
-  started (see `_build_multi_worker`).
+  started (see `_build_multi_worker`). The evaluator task of a cluster gets
+  a strategy of its own devices: it is not part of the training collective.
 
   Raises:
-    ConfigError: TF_CONFIG is malformed, names an evaluator task (not
-      supported yet), or is missing for strategy 'multi_worker'.
+    ConfigError: TF_CONFIG is malformed, or is missing for strategy
+      'multi_worker'.
     PeerFailure: the cluster did not form within
       config.startup_timeout_seconds.
     Preempted: SIGTERM came while this task waited for the cluster.
@@ -80,11 +80,13 @@ def build_strategy(
   """
   cluster = _read_cluster(config.cluster_resolver)
   if cluster is not None and cluster.task_type == 'evaluator':
-    raise errors.ConfigError(
-        f'TF_CONFIG makes this process the evaluator ({cluster.task_name} at '
-        f'{cluster.address}): ctl does not support an evaluator task yet. '
-        'Start only the "chief" and "worker" tasks (the chief evaluates as '
-        'it trains), and leave "evaluator" out of the cluster.')
+    logging.info('Cluster: this task is %s, the evaluator: it evaluates the '
+                 "chief's checkpoints on its own devices, outside training.",
+                 cluster.task_name)
+    strategy = _local_strategy(_choose_kind(config.strategy,
+                                            has_cluster=False))
+    return strategy, Task(task_type='evaluator', task_id=cluster.task_index,
+                          num_workers=1, is_chief=False)
   kind = _choose_kind(config.strategy, has_cluster=cluster is not None)
   if kind == 'multi_worker':
     if cluster is None:
@@ -92,17 +94,20 @@ def build_strategy(
           "distribution.strategy='multi_worker' needs a cluster, but "
           f'{config.cluster_resolver!r} found none (is TF_CONFIG set?).')
     return _build_multi_worker(config, cluster)
-  if kind == 'mirrored':
-    strategy = tf.distribute.MirroredStrategy(_local_devices())
-  elif kind == 'one_device':
-    gpus = tf.config.list_logical_devices('GPU')
-    strategy = tf.distribute.OneDeviceStrategy(
-        gpus[0].name if gpus else '/cpu:0')
-  else:
-    strategy = tf.distribute.get_strategy()
   # A single process waits for no one: its start-up needs no guard.
-  return strategy, Task(task_type=None, task_id=0, num_workers=1,
-                        is_chief=True)
+  return _local_strategy(kind), Task(task_type=None, task_id=0,
+                                     num_workers=1, is_chief=True)
+
+
+def _local_strategy(kind: str) -> tf.distribute.Strategy:
+  """A strategy over this process's devices: 'mirrored', 'one_device' or
+  'default'."""
+  if kind == 'mirrored':
+    return tf.distribute.MirroredStrategy(_local_devices())
+  if kind == 'one_device':
+    gpus = tf.config.list_logical_devices('GPU')
+    return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else '/cpu:0')
+  return tf.distribute.get_strategy()
 
 
 def _read_cluster(resolver: str) -> cluster_lib.Cluster | None:
@@ -133,7 +138,7 @@ def _build_multi_worker(
     logging.info('Every peer has started (after %.1f s): joining the cluster.',
                  time.monotonic() - started)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=_RESOLVERS[config.cluster_resolver](),
+        cluster_resolver=_training_resolver(cluster),
         communication_options=_communication_options(config))
     # A SIGTERM that came during the (C++) constructor before TensorFlow
     # installed its own handler in there has been recorded by now. One that
@@ -145,7 +150,24 @@ def _build_multi_worker(
   return strategy, Task(task_type=cluster.task_type,
                         task_id=cluster.task_index,
                         num_workers=len(cluster.training_tasks),
-                        is_chief=cluster.is_chief, peers=cluster.peers)
+                        is_chief=cluster.is_chief, peers=cluster.peers,
+                        has_evaluator=cluster.has_evaluator)
+
+
+def _training_resolver(
+    cluster: cluster_lib.Cluster
+) -> tf.distribute.cluster_resolver.ClusterResolver:
+  """The cluster as TensorFlow takes it: the training tasks only.
+
+  Built from ctl's own reading of the cluster (TF_CONFIG or a scheduler's
+  environment), so an evaluator is left out, and the GPUs are the ones this
+  process sees (CUDA_VISIBLE_DEVICES as the scheduler set it).
+  """
+  return tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(cluster.training_jobs),
+      task_type=cluster.task_type, task_id=cluster.task_index,
+      rpc_layer='grpc',
+      num_accelerators={'GPU': len(tf.config.list_physical_devices('GPU'))})
 
 
 def _preempted_at_start_up() -> errors.Preempted:

@@ -70,14 +70,15 @@ def test_a_malformed_tf_config_fails_before_any_server_starts(
     distribution.build_strategy(_distribution_config())
 
 
-def test_an_evaluator_task_is_not_supported_yet(monkeypatch):
-  from ctl import errors  # pylint: disable=g-import-not-at-top
+def test_an_evaluator_task_gets_its_own_devices_outside_training(monkeypatch):
   monkeypatch.setenv('TF_CONFIG', json.dumps({
       'cluster': {'worker': ['localhost:1'], 'evaluator': ['localhost:2']},
       'task': {'type': 'evaluator', 'index': 0}}))
-  with pytest.raises(errors.ConfigError,
-                     match='does not support an evaluator task yet'):
-    distribution.build_strategy(_distribution_config())
+  strategy, task = distribution.build_strategy(_distribution_config())
+  # No server started, no collective: the default strategy of this process.
+  assert type(strategy) is type(tf.distribute.get_strategy())  # pylint: disable=unidiomatic-typecheck
+  assert task.task_type == 'evaluator' and not task.is_chief
+  assert task.num_workers == 1 and not task.peers
 
 
 @pytest.mark.parametrize('tf_config', ['{}', '{"cluster": {}}'])

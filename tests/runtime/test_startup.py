@@ -322,21 +322,6 @@ def test_ctl_main_with_a_malformed_tf_config_exits_2_writing_nothing(
   assert not workdir.exists()
 
 
-def test_ctl_main_as_an_evaluator_task_exits_2_saying_it_is_not_supported(
-    tmp_path):
-  workdir = tmp_path / 'workdir'
-  tf_config = json.dumps({
-      'cluster': {'worker': ['localhost:1'], 'evaluator': ['localhost:2']},
-      'task': {'type': 'evaluator', 'index': 0}})
-  run = helpers.run_ctl(SMOKE, f'--workdir={workdir}',
-                        env=helpers.env_with(TF_CONFIG=tf_config), timeout=300)
-  assert run.returncode == 2, run.stderr[-3000:]
-  line = _assert_one_line(run.stderr, 'error')
-  assert 'TF_CONFIG makes this process the evaluator' in line
-  assert 'does not support an evaluator task yet' in line
-  assert not workdir.exists()
-
-
 @pytest.mark.slow
 def test_a_worker_whose_peer_never_starts_exits_43_naming_it(tmp_path):
   workdir = tmp_path / 'workdir'
