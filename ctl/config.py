@@ -14,12 +14,13 @@ from ml_collections import config_flags
 from ctl import errors
 
 STRATEGIES = ('auto', 'default', 'one_device', 'mirrored', 'multi_worker')
-CLUSTER_RESOLVERS = ('tf_config',)
+CLUSTER_RESOLVERS = ('auto', 'tf_config', 'slurm')
 COLLECTIVES = ('AUTO', 'RING', 'NCCL')
 SCHEDULES = ('constant', 'cosine', 'linear')
 DTYPE_POLICIES = ('float32', 'mixed_float16', 'mixed_bfloat16')
 ALL_REDUCE_DTYPES = ('float32', 'bfloat16', 'float16')
 JIT_COMPILES = ('auto', 'off', 'step', 'loop')
+BEST_MODES = ('max', 'min')
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -80,6 +81,25 @@ def base_config() -> ml_collections.ConfigDict:
   # waits only while the variables are copied. Crash safety is the same.
   config.intervals.async_checkpoint = True
 
+  # Evaluation beyond the loop's: the best checkpoint, and the side-car
+  # evaluator (--mode=evaluate_continuously, or TF_CONFIG's evaluator task).
+  config.evaluation = ml_collections.ConfigDict()
+  # The eval metric that picks the best checkpoint, kept in workdir/best/:
+  # a name as logged ('accuracy'), or 'set/name' for a task with several
+  # eval sets; '' keeps none.
+  config.evaluation.best_metric = ''
+  config.evaluation.best_mode = 'max'  # 'max' or 'min': which value is best.
+  # The side-car stops after this many seconds without a new checkpoint
+  # (it stops by itself once it evaluated training's final one); 0 waits
+  # forever.
+  config.evaluation.timeout_seconds = 3600.0
+
+  # A SavedModel (serving signature on raw inputs) and .keras files of the
+  # best checkpoint, else the latest, in workdir/export/ (ctl/serving/).
+  config.export = ml_collections.ConfigDict()
+  # Export when training finishes (also: --mode=export at any time).
+  config.export.at_end = True
+
   # A TensorBoard profiler trace of num_steps steps from start_step (the
   # chief's, in workdir/train); 0 steps: none.
   config.profile = ml_collections.ConfigDict()
@@ -92,8 +112,16 @@ def base_config() -> ml_collections.ConfigDict:
   # otherwise 'default' (TensorFlow's default strategy, no distribution
   # overhead).
   config.distribution.strategy = 'auto'
-  # Where the cluster comes from: 'tf_config' reads the TF_CONFIG variable.
-  config.distribution.cluster_resolver = 'tf_config'
+  # Where the cluster comes from: 'tf_config' reads the TF_CONFIG variable
+  # (ctl.launch and Kubeflow's TFJob set it); 'slurm' the variables srun
+  # sets for each task of a step; 'auto' TF_CONFIG when it is set, else
+  # Slurm's when srun started the process, else none (one process).
+  config.distribution.cluster_resolver = 'auto'
+  # Under Slurm, when Slurm reserved no ports for the step
+  # (SLURM_STEP_RESV_PORTS), the task of local index i on a node listens on
+  # this port + i (8888 and up, as TensorFlow's SlurmClusterResolver). Open
+  # these ports between the nodes.
+  config.distribution.slurm_port_base = 8888
   # Cross-worker all-reduce: 'AUTO', 'RING' or 'NCCL'.
   config.distribution.collective = 'AUTO'
   # Seconds a collective may wait for a peer before the job fails (exit
@@ -143,6 +171,7 @@ def classification_config() -> ml_collections.ConfigDict:
   config.loss = 'sparse_categorical_crossentropy'
   # Metrics for training and evaluation, besides the loss.
   config.metrics = ('accuracy',)
+  config.evaluation.best_metric = 'accuracy'
 
   config.optimizer = ml_collections.ConfigDict()
   # 'adam', 'adamw', 'sgd', 'rmsprop', or 'package.module:function'.
@@ -174,6 +203,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'model.dtype_policy', DTYPE_POLICIES)
   _check_choice(config, 'distribution.all_reduce_dtype', ALL_REDUCE_DTYPES)
   _check_choice(config, 'jit_compile', JIT_COMPILES)
+  _check_choice(config, 'evaluation.best_mode', BEST_MODES)
   for key in ('batch_size', 'steps_per_loop', 'intervals.keep_checkpoints'):
     _check(config, key, lambda value: value >= 1, 'must be at least 1')
   for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',
@@ -183,6 +213,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
               'intervals.checkpoint_secs', 'distribution.bytes_per_pack',
               'distribution.timeout_seconds',
               'distribution.startup_timeout_seconds', 'profile.start_step',
+              'evaluation.timeout_seconds',
               'profile.num_steps'):
     _check(config, key, lambda value: value >= 0, 'must not be negative')
   _check(config, 'optimizer.learning_rate', lambda value: value > 0,

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from ctl.runtime import cluster as cluster_lib
 from ctl.runtime import rendezvous
+from ctl.runtime import slurm
 from ctl.runtime import tf_internals
 from ctl import errors
 
@@ -78,7 +79,7 @@ def build_strategy(
     Preempted: SIGTERM came while this task waited for the cluster.
     CtlError: this task cannot listen at its TF_CONFIG address.
   """
-  cluster = _read_cluster(config.cluster_resolver)
+  cluster = _read_cluster(config)
   if cluster is not None and cluster.task_type == 'evaluator':
     logging.info('Cluster: this task is %s, the evaluator: it evaluates the '
                  "chief's checkpoints on its own devices, outside training.",
@@ -92,11 +93,20 @@ def build_strategy(
     if cluster is None:
       raise errors.ConfigError(
           "distribution.strategy='multi_worker' needs a cluster, but "
-          f'{config.cluster_resolver!r} found none (is TF_CONFIG set?).')
+          f'{config.cluster_resolver!r} found none: set TF_CONFIG, or run '
+          'under srun (cluster_resolver auto or slurm).')
     return _build_multi_worker(config, cluster)
   # A single process waits for no one: its start-up needs no guard.
   return _local_strategy(kind), Task(task_type=None, task_id=0,
                                      num_workers=1, is_chief=True)
+
+
+def local_strategy(config: ml_collections.ConfigDict
+                   ) -> tf.distribute.Strategy:
+  """A strategy of this process's devices only, whatever the cluster: for
+  evaluation and export, which take no part in training's collective."""
+  kind = 'auto' if config.strategy == 'multi_worker' else config.strategy
+  return _local_strategy(_choose_kind(kind, has_cluster=False))
 
 
 def _local_strategy(kind: str) -> tf.distribute.Strategy:
@@ -110,9 +120,26 @@ def _local_strategy(kind: str) -> tf.distribute.Strategy:
   return tf.distribute.get_strategy()
 
 
-def _read_cluster(resolver: str) -> cluster_lib.Cluster | None:
-  """The cluster that the resolver named by config describes, checked."""
-  del resolver  # 'tf_config' is the only one (config.CLUSTER_RESOLVERS).
+def _read_cluster(
+    config: ml_collections.ConfigDict) -> cluster_lib.Cluster | None:
+  """The cluster that config.cluster_resolver reads, checked; None for one
+  process.
+
+  'tf_config' reads TF_CONFIG (as Kubeflow's TFJob and ctl.launch set it);
+  'slurm' the variables srun sets for each task (ctl/runtime/slurm.py);
+  'auto' TF_CONFIG when it is set, else Slurm's variables when srun started
+  this process, else none.
+  """
+  resolver = config.cluster_resolver
+  if resolver == 'auto':
+    if 'TF_CONFIG' in os.environ:
+      resolver = 'tf_config'
+    elif slurm.started_by_srun(os.environ):
+      resolver = 'slurm'
+    else:
+      return None
+  if resolver == 'slurm':
+    return slurm.from_environment(os.environ, config.slurm_port_base)
   return cluster_lib.from_tf_config(os.environ.get('TF_CONFIG'))
 
 

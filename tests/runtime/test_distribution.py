@@ -46,7 +46,7 @@ def test_multi_worker_without_a_cluster_is_a_config_error(monkeypatch):
   from ctl import errors  # pylint: disable=g-import-not-at-top
   config = config_lib.base_config().distribution
   config.strategy = 'multi_worker'
-  with pytest.raises(errors.ConfigError, match='is TF_CONFIG set'):
+  with pytest.raises(errors.ConfigError, match='set TF_CONFIG, or run under srun'):
     distribution.build_strategy(config)
 
 
