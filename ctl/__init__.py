@@ -7,6 +7,7 @@ What a user's code needs, importable as `ctl.<name>`:
     ctl.Image, ctl.Histogram      eval_end results shown in TensorBoard
     ctl.base_config()             the framework's config fields (ctl/config.py)
     ctl.classification_config()   ... and the built-in classifier's
+    ctl.load(workdir)             a run's task and models, restored (ctl/serving/load.py)
 
 They are imported on first use, so that `python -m ctl.main` reports a bad
 flag before TensorFlow loads.
@@ -24,6 +25,7 @@ _PUBLIC = {
     'Histogram': 'ctl.task',
     'base_config': 'ctl.config',
     'classification_config': 'ctl.config',
+    'load': 'ctl.serving.load',
 }
 
 

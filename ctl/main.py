@@ -5,6 +5,9 @@ The config is locked: a key that does not exist, or a value of the wrong
 type, stops the run (exit code 2) before anything is written.
 `--print_config` prints the resolved config, each field with its comment.
 
+`--mode` evaluates, evaluates continuously (a side-car evaluator) or
+exports instead of training (ctl/modes.py).
+
 Exit codes (see ctl/errors.py): 0 trained, or had finished; 1 failed, the
 message says why; 2 wrong flags or config; 42 preempted by SIGTERM after a
 checkpoint, restart to resume; 43 a peer worker failed, restart all workers.
@@ -26,6 +29,17 @@ _CONFIG = config_lib.define_config_flag()
 flags.declare_key_flag('config')  # Listed by --help, not only --helpfull.
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Directory for checkpoints, summaries and results.')
+_MODE = flags.DEFINE_enum(
+    'mode', 'train', ['train', 'evaluate', 'evaluate_continuously', 'export'],
+    'train; evaluate: one checkpoint (--checkpoint, else the latest); '
+    'evaluate_continuously: each new checkpoint of a training run (a '
+    'side-car); export: a SavedModel and .keras files of the best '
+    'checkpoint, else the latest (or --checkpoint).')
+_CHECKPOINT = flags.DEFINE_string(
+    'checkpoint', '',
+    'For --mode=evaluate and export: a checkpoint path prefix, e.g. '
+    'WORKDIR/checkpoints/ckpt-400; empty: the latest (evaluate) or the best '
+    '(export).')
 _PRINT_CONFIG = flags.DEFINE_bool(
     'print_config', False,
     'Print the resolved config, each field with its comment and default, '
@@ -46,9 +60,9 @@ def main(argv: list[str]) -> None:
   tf_process.remove_autograph_bytecode_at_exit()
   tf_process.import_tensorflow()
   # Imported here so that flag errors are reported before TensorFlow loads.
-  from ctl.training import run  # pylint: disable=g-import-not-at-top
+  from ctl import modes  # pylint: disable=g-import-not-at-top
   try:
-    run.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    modes.run(_MODE.value, _CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
   except errors.CtlError as error:
     if error.exit_code == errors.EXIT_PREEMPTED:
       logging.warning('%s', error)

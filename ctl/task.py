@@ -28,7 +28,7 @@ steps in one tf.function, saves, stops on SIGTERM, resumes exactly, logs,
 summarises and evaluates, on one device, several, or several workers.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -213,10 +213,36 @@ class Task(tf.Module):
     context. The last loop's values are reported."""
     return {}
 
+  def serving_signature(self) -> Callable | None:
+    """What an exported SavedModel serves (`--mode=export`, ctl.load).
+
+    Returns a tf.function with an `input_signature` that takes raw inputs,
+    as the data comes before the pipeline's preprocessing (put that
+    preprocessing inside), and returns a tensor or a dict of tensors. It
+    runs on the restored task outside any strategy and may use the task's
+    models and variables. None: no SavedModel (the .keras files are still
+    written).
+
+    Default: the task's only Keras model, called on its own inputs.
+    """
+    models = self.models()
+    if len(models) != 1:
+      return None
+    model = models[0]
+    try:
+      inputs = model.inputs
+    except (AttributeError, ValueError):  # A subclassed model.
+      return None
+    if not inputs or len(inputs) != 1:
+      return None
+    spec = tf.TensorSpec(inputs[0].shape, inputs[0].dtype, name='inputs')
+    return tf.function(lambda inputs: model(inputs, training=False),
+                       input_signature=[spec], autograph=False)
+
   def models(self) -> list[keras.Model]:
     """The Keras models among the task's attributes (for checkpoints and
     XLA's choice)."""
-    return [value for value in _attribute_values(self)
+    return [value for value in attribute_values(self)
             if isinstance(value, keras.Model)]
 
 
@@ -233,7 +259,7 @@ def missing_hooks(task_class: type) -> list[str]:
   return missing
 
 
-def _attribute_values(task: Task) -> list[Any]:
+def attribute_values(task: Task) -> list[Any]:
   """The task's attribute values, lists, tuples and dicts opened."""
   found, pending = [], list(vars(task).values())
   while pending:

@@ -12,6 +12,7 @@ checkpoints only after that. A kill at any moment leaves the previous or the
 new checkpoint as the latest, whole.
 """
 
+from collections.abc import Callable
 import os
 import shutil
 import tempfile
@@ -36,8 +37,13 @@ class Checkpointer:
 
   def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *,
                is_chief: bool, task_id: int, max_to_keep: int,
-               async_save: bool = False):
+               async_save: bool = False,
+               is_whole: Callable[[int], bool] = lambda step: True):
+    """Args as named; is_whole(step): whether the parts of checkpoint
+    `step` that others write (each worker's data position) are all there:
+    only then can it be the latest."""
     self._checkpoint = checkpoint
+    self._is_whole = is_whole
     self.directory = directory
     self._last_saved_step = None
     self._options = None
@@ -61,18 +67,26 @@ class Checkpointer:
 
   @property
   def latest(self) -> str | None:
-    """The newest checkpoint in the workdir whose files exist, if any.
+    """The newest whole checkpoint in the workdir, if any.
 
     A checkpoint named by the state file but without files was moved away
-    on purpose (a damaged one, as restore_latest's message suggests): the
-    one before it is used, with a warning.
+    on purpose (a damaged one, as restore_latest's message suggests); one
+    without every worker's data position was cut short by a kill while
+    the workers saved. Either way the one before it is used, with a
+    warning.
     """
     listed = self._read_manager.checkpoints
     for path in reversed(listed):
-      if tf.io.gfile.exists(f'{path}.index'):
+      if not tf.io.gfile.exists(f'{path}.index'):
+        logging.warning('Checkpoint %s has no files (moved away?): not '
+                        'resuming from it.', path)
+      elif not self._is_whole(int(path.rsplit('-', 1)[1])):
+        logging.warning('Checkpoint %s lacks a worker\'s data position (a '
+                        'worker was killed while saving it): not resuming '
+                        'from it.', path)
+      else:
         if path != listed[-1]:
-          logging.warning('The latest checkpoint %s has no files (moved '
-                          'away?); resuming from %s.', listed[-1], path)
+          logging.warning('Resuming from %s.', path)
         return path
     return None
 
@@ -95,7 +109,7 @@ class Checkpointer:
       # OpErrors, but a truncated one IndexError.
       raise errors.CtlError(
           f'Checkpoint {path} does not match this model and optimizer, or '
-          f'cannot be read: {_summary(error)}\nIt was left untouched. '
+          f'cannot be read: {summary(error)}\nIt was left untouched. '
           f'{self._how_to_resume_before(path)}Resume it with the config that '
           'wrote it, or train in a new --workdir.') from error
     self._last_saved_step = int(path.rsplit('-', 1)[1])  # ckpt-<step>
@@ -135,6 +149,16 @@ class Checkpointer:
       shutil.rmtree(self._scratch_directory, ignore_errors=True)
       logging.info('Took part in saving checkpoint %d (the chief writes it)',
                    step)
+
+  def write_copy(self, prefix: str | None) -> None:
+    """Writes the state now, outside the rotation, at `prefix` (the chief;
+    every other worker takes part through its scratch directory)."""
+    self.wait()
+    if self._scratch_directory is None:
+      self._checkpoint.write(prefix)
+    else:
+      self._checkpoint.write(os.path.join(self._scratch_directory, 'copy'))
+      shutil.rmtree(self._scratch_directory, ignore_errors=True)
 
   def wait(self) -> None:
     """Returns once every checkpoint saved so far is completely written."""
@@ -191,12 +215,13 @@ def warm_start(models: dict[str, keras.Model], source: str) -> str:
   except Exception as error:  # pylint: disable=broad-except
     raise errors.CtlError(
         f'Cannot warm-start from config.init_from={source!r}: '
-        f'{_summary(error)}') from error
+        f'{summary(error)}') from error
   logging.info('Warm start: model weights from %s', path)
   return path
 
 
-def _summary(error: Exception, max_chars: int = 600) -> str:
+def summary(error: Exception, max_chars: int = 600) -> str:
+  """The error's message, cut to one readable paragraph."""
   text = str(error).strip() or type(error).__name__
   return text if len(text) <= max_chars else text[:max_chars] + ' ...'
 
@@ -210,10 +235,15 @@ class DataPositions:
   """
 
   def __init__(self, trackables: dict, directory: str, worker: str,
-               max_to_keep: int, num_workers: int = 1):
+               max_to_keep: int, num_workers: int = 1,
+               all_workers: tuple[str, ...] = ()):
     """Args as named; num_workers: the workers sharing the data now (a
-    position saved by another number of workers is another shard)."""
+    position saved by another number of workers is another shard);
+    all_workers: every training worker's name, this one's included (default:
+    this one alone)."""
     self._num_workers = num_workers
+    self._root = directory
+    self._all_workers = all_workers or (worker,)
     self._saved_num_workers = tf.Variable(num_workers, dtype=tf.int64,
                                           trainable=False)
     self._checkpoint = tf.train.Checkpoint(
@@ -224,6 +254,14 @@ class DataPositions:
 
   def _prefix(self, step: int) -> str:
     return os.path.join(self._directory, f'ckpt-{step}')
+
+  def is_whole(self, step: int) -> bool:
+    """Whether every worker's position at `step` was written (each worker
+    writes its own before the checkpoint; a kill can cut that short)."""
+    return not self.enabled or all(
+        tf.io.gfile.exists(os.path.join(self._root, worker,
+                                        f'ckpt-{step}.index'))
+        for worker in self._all_workers)
 
   def check_savable(self) -> None:
     """Saves the position once to scratch, so that a pipeline whose state
@@ -280,7 +318,7 @@ class DataPositions:
     except Exception as error:  # pylint: disable=broad-except
       raise errors.CtlError(
           f'The data position {prefix} does not fit this task\'s input '
-          f'pipeline: {_summary(error)}. Resume with the pipeline that wrote '
+          f'pipeline: {summary(error)}. Resume with the pipeline that wrote '
           'it, or train in a new --workdir.') from error
     saved = int(self._saved_num_workers.numpy())
     if saved != self._num_workers:

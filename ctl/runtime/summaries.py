@@ -85,6 +85,14 @@ class NullWriter:
     pass
 
 
+def json_ready(results):
+  """Results with images, histograms and arrays left out, for JSON."""
+  if isinstance(results, dict):
+    return {key: json_ready(value) for key, value in results.items()
+            if not isinstance(value, (Image, Histogram, np.ndarray))}
+  return results
+
+
 def make_writer(logdir: str, is_chief: bool) -> MetricWriter:
   """A TensorBoard writer for the chief, a NullWriter for other workers."""
   return TensorBoardWriter(logdir) if is_chief else NullWriter()

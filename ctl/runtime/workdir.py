@@ -3,8 +3,11 @@
     workdir/config.json        the resolved config (config.<time>.json: earlier ones)
     workdir/checkpoints/       tf.train.CheckpointManager's ckpt-<step> files
     workdir/checkpoints/data/<worker>/   each worker's data position, per step
-    workdir/train/, eval/      TensorBoard events
+    workdir/train/, eval/      TensorBoard events; eval/results.json: the
+                               side-car's or --mode=evaluate's last results
     workdir/results.json       final metrics, written when training finishes
+    workdir/best/              the best checkpoint and best.json (training/best.py)
+    workdir/export/            SavedModel and .keras files (serving/export.py)
 """
 
 import json
@@ -70,8 +73,13 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 def read_results(workdir: str) -> dict | None:
   """Returns results.json's content, or None if training has not finished."""
+  return read_json(results_path(workdir))
+
+
+def read_json(path: str) -> dict | None:
+  """A JSON file's content, or None when it does not exist."""
   try:
-    with open(results_path(workdir)) as file:
+    with open(path) as file:
       return json.load(file)
   except (FileNotFoundError, NotADirectoryError):
     return None

@@ -84,6 +84,21 @@ class Classification(task_lib.Task):
       metric.update_state(labels, logits)
     return {'loss': tf.reduce_mean(self._loss(labels, logits))}
 
+  def serving_signature(self):
+    """Raw features (as the dataset ships them, before ctl's scaling) ->
+    class probabilities and the most likely class."""
+    shape = self._data().input_shape
+
+    @tf.function(input_signature=[
+        tf.TensorSpec([None, *shape], tf.float32, name='features')],
+                 autograph=False)
+    def serve(features):
+      scaled, _ = self._scale((features, None))
+      logits = tf.cast(self.model(scaled, training=False), tf.float32)
+      return {'probabilities': tf.nn.softmax(logits),
+              'class': tf.argmax(logits, axis=-1)}
+    return serve
+
   def _data(self) -> datasets.Data:
     """The dataset, loaded once (kept off the checkpoint)."""
     if not hasattr(self, '_loaded'):

@@ -5,6 +5,7 @@ Read top to bottom: the strategy, the task and its data, the checkpoint
 actions, the loop, the results.
 """
 
+from collections.abc import Callable
 import os
 
 from absl import logging
@@ -25,6 +26,9 @@ from ctl.runtime import preemption
 from ctl.runtime import summaries
 from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
+from ctl.training import assemble as assemble_lib
+from ctl.training import best as best_lib
+from ctl.training import evaluate as evaluate_lib
 from ctl.training import evaluation
 from ctl.training import loop as loop_lib
 from ctl.training import metric_reading
@@ -38,13 +42,20 @@ _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                 tf.errors.AbortedError, tf.errors.CancelledError)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict,
-                       workdir: str) -> dict:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str,
+    on_finish: Callable[[distribution.Task], None] | None = None) -> dict:
   """Trains and evaluates config's task, resuming from workdir's checkpoint.
+
+  The evaluator task of a cluster evaluates the chief's checkpoints instead
+  (ctl/training/evaluate.py).
 
   Args:
     config: the whole config (see ctl/config.py).
     workdir: where checkpoints, summaries and results go (chief only).
+    on_finish: called on every training task (with its place in the job)
+      when training has just finished, before the workers leave together;
+      or on the evaluator once it evaluated the final checkpoint.
 
   Returns:
     The results: final step, epoch and evaluation metrics, as saved in
@@ -64,6 +75,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   strategy, task_info = distribution.build_strategy(config.distribution)
+  if task_info.task_type == 'evaluator':
+    results = evaluate_lib.evaluate_continuously(config, workdir, strategy)
+    if on_finish and results.get('finished'):
+      on_finish(task_info)
+    return results
   logging.info('Task %s of %d worker(s), %d replica(s) in sync, chief: %s',
                task_info.name, task_info.num_workers,
                strategy.num_replicas_in_sync, task_info.is_chief)
@@ -72,6 +88,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     try:
       results = _run(config, workdir, strategy, task_info, task_class,
                      stop_signal, started)
+      if results.pop('finished_now') and on_finish:
+        on_finish(task_info)
     except errors.Preempted:
       distribution.leave_together(task_info, timeout_seconds)
       raise
@@ -100,20 +118,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 def _run(config, workdir, strategy, task_info, task_class, stop_signal,
          started) -> dict:
   """train_and_evaluate, once the strategy exists."""
-  keras.utils.set_random_seed(config.seed)
-  state_lib.check_batch_sizes(config, strategy.num_replicas_in_sync)
-  context = inputs.input_context(strategy, task_info.worker_index,
-                                 task_info.num_workers)
-  task = task_class(config)
-  train_data = task.train_data(context)
-  length = _training_length(config, train_data,
-                            distribution.local_replicas(strategy),
-                            task.train_steps_per_epoch())
-  task.steps_per_epoch = length.steps_per_epoch
-  task.total_steps = length.total_steps
-  with strategy.scope():
-    task.build()
-    state = state_lib.TrainState()
+  assembled = assemble_lib.assemble(config, strategy, task_info, task_class)
+  task, state, length = assembled.task, assembled.state, assembled.length
+  train_data = assembled.train_data
   in_memory = isinstance(train_data, task_lib.InMemory)
   jit_compile = xla.resolve(config.jit_compile,
                             num_replicas=strategy.num_replicas_in_sync,
@@ -122,15 +129,17 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
                config.jit_compile)
   train_input = _train_input(config, strategy, train_data, length,
                              jit_compile)
+  data_positions = checkpointing.DataPositions(
+      train_input.checkpointable, workdir_lib.data_position_dir(workdir),
+      worker=task_info.name, max_to_keep=config.intervals.keep_checkpoints,
+      num_workers=task_info.num_workers,
+      all_workers=(task_info.name, *task_info.peers))
   checkpointer = checkpointing.Checkpointer(
       state_lib.checkpoint_of(task, state), workdir_lib.checkpoint_dir(workdir),
       is_chief=task_info.is_chief, task_id=task_info.task_id,
       max_to_keep=config.intervals.keep_checkpoints,
-      async_save=config.intervals.async_checkpoint)
-  data_positions = checkpointing.DataPositions(
-      train_input.checkpointable, workdir_lib.data_position_dir(workdir),
-      worker=task_info.name, max_to_keep=config.intervals.keep_checkpoints,
-      num_workers=task_info.num_workers)
+      async_save=config.intervals.async_checkpoint,
+      is_whole=data_positions.is_whole)
 
   data_positions.check_savable()
   # Nothing is written before the run is known to start: a checkpoint that
@@ -148,28 +157,35 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
     logging.info('Training already finished at step %d of %d: nothing to do. '
                  'Results: %s', step, length.total_steps,
                  workdir_lib.results_path(workdir))
-    return results
+    return {**results, 'finished_now': False}
   if task_info.is_chief:
     workdir_lib.prepare(workdir)
     workdir_lib.save_config(workdir, config)
 
   evaluator = evaluation.Evaluator(
-      strategy=strategy, task=task, context=context,
+      strategy=strategy, task=task, context=assembled.context,
       eval_batch_size=length.eval_batch_size, seed=config.seed,
       make_writer=lambda name: summaries.make_writer(
           os.path.join(workdir_lib.summary_dir(workdir, 'eval'), name),
           task_info.is_chief))
+  evaluate = _InLoopEvaluation(
+      evaluator, checkpointer, task_info,
+      best_lib.BestCheckpoint(workdir, config.evaluation.best_metric,
+                              config.evaluation.best_mode,
+                              is_chief=task_info.is_chief,
+                              reread=task_info.num_workers == 1))
   train_writer = summaries.make_writer(
       workdir_lib.summary_dir(workdir, 'train'), task_info.is_chief)
   try:
-    eval_results, timing = None, {}
+    timing = {}
     if step < length.total_steps:
-      eval_results, timing = _train(
+      timing = _train(
           config, workdir, strategy, task, task_info, state, length,
-          train_input, checkpointer, data_positions, evaluator, train_writer,
+          train_input, checkpointer, data_positions, evaluate, train_writer,
           stop_signal, started, jit_compile)
-    if eval_results is None and evaluator.has_data():
-      eval_results = evaluator.evaluate(int(state.step.numpy()))
+    if evaluate.last is None:
+      evaluate(int(state.step.numpy()))
+    eval_results = evaluate.last
   finally:
     # Whatever happened, what was written so far is whole on disk.
     train_writer.close()
@@ -189,15 +205,46 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
                task_info.name)
   if task_info.is_chief:
     workdir_lib.write_json(workdir_lib.results_path(workdir),
-                           _json_ready(results))
+                           summaries.json_ready(results))
     logging.info('Results written to %s', workdir_lib.results_path(workdir))
-  return results
+  return {**results, 'finished_now': True}
+
+
+class _InLoopEvaluation:
+  """Evaluates in the loop and keeps the best checkpoint; does nothing when
+  the cluster has an evaluator task, which then does both."""
+
+  def __init__(self, evaluator: evaluation.Evaluator,
+               checkpointer: checkpointing.Checkpointer,
+               task_info: distribution.Task,
+               best: best_lib.BestCheckpoint):
+    self._evaluator = evaluator
+    self._checkpointer = checkpointer
+    self._best = best
+    self._enabled = not task_info.has_evaluator
+    if task_info.has_evaluator:
+      logging.info('The cluster\'s evaluator task evaluates the checkpoints: '
+                   'training does not evaluate.')
+    self.last = None  # The latest results.
+
+  def __call__(self, step: int) -> None:
+    if not self._enabled or not self._evaluator.has_data():
+      return
+    self.last = self._evaluator.evaluate(step)
+    # Every worker has the same (all-reduced) results, so all decide alike
+    # and take part in the save.
+    if self._best.improves(self.last):
+      self._best.keep(step, self.last, self._checkpointer.write_copy)
 
 
 def _train(config, workdir, strategy, task, task_info, state, length,
-           train_input, checkpointer, data_positions, evaluator, train_writer,
+           train_input, checkpointer, data_positions, evaluate, train_writer,
            stop_signal, started, jit_compile):
-  """The step runner, the periodic actions and the loop; runs it."""
+  """The step runner, the periodic actions and the loop; runs it.
+
+  Returns:
+    The speed and start-up timing of this process.
+  """
   runner = steps_lib.StepRunner(
       strategy=strategy, task=task, train_input=train_input, state=state,
       global_batch_size=length.global_batch_size, seed=config.seed,
@@ -211,12 +258,7 @@ def _train(config, workdir, strategy, task, task_info, state, length,
   reporter = loop_lib.Reporter(
       length=length, metrics=metric_reading.MetricReader(task.train_metrics),
       writer=train_writer, speed=speed, summary_every=summary_every)
-  eval_results = {}
   timing = {'first_step_seconds': None}
-
-  def evaluate(step):
-    if evaluator.has_data():
-      eval_results['last'] = evaluator.evaluate(step)
 
   def save(step):
     data_positions.save(step)
@@ -253,28 +295,7 @@ def _train(config, workdir, strategy, task, task_info, state, length,
   finally:
     step_writer.close()
   timing['steps_per_second'] = speed.steady_steps_per_second()
-  return eval_results.get('last'), timing
-
-
-def _training_length(config, train_data, local_replicas: int,
-                     task_steps_per_epoch: int | None
-                     ) -> state_lib.TrainingLength:
-  """Epochs and steps, from the config and the task's training data."""
-  if task_steps_per_epoch and not config.steps_per_epoch:
-    return state_lib.training_length(config, task_steps_per_epoch)
-  if isinstance(train_data, task_lib.InMemory):
-    steps_per_epoch = state_lib.in_memory_steps_per_epoch(config,
-                                                          len(train_data))
-  elif isinstance(train_data, tf.data.Dataset):
-    # A step takes one element for each of this worker's replicas.
-    steps_per_epoch = inputs.steps_per_epoch_of(
-        train_data, config.steps_per_epoch, local_replicas)
-  else:
-    raise errors.CtlError(
-        f'The task\'s train_data returned {type(train_data).__name__}; it '
-        'must return a tf.data.Dataset of per-replica batches or '
-        'ctl.InMemory.')
-  return state_lib.training_length(config, steps_per_epoch)
+  return timing
 
 
 def _train_input(config, strategy, train_data, length, jit_compile):
@@ -287,15 +308,6 @@ def _train_input(config, strategy, train_data, length, jit_compile):
         pad_loops_to=config.steps_per_loop if jit_compile == 'loop' else None)
   return inputs.DatasetInput(strategy, train_data,
                              distribution.local_replicas(strategy))
-
-
-def _json_ready(results):
-  """Results with eval_end's images and histograms left out of the JSON."""
-  if isinstance(results, dict):
-    return {key: _json_ready(value) for key, value in results.items()
-            if not isinstance(value, (summaries.Image, summaries.Histogram,
-                                      np.ndarray))}
-  return results
 
 
 def _profile_actions(config, workdir: str, is_chief: bool):

@@ -114,3 +114,24 @@ def test_positions_saved_by_another_number_of_workers_are_refused(tmp_path):
   with pytest.raises(errors.CtlError, match='saved by 2 worker.s., and this '
                      'job has 3'):
     positions(3).restore(4)
+
+
+def test_a_checkpoint_without_every_workers_data_position_is_not_latest(
+    tmp_path):
+  positions = {
+      worker: checkpointing.DataPositions(
+          {'iterator': iter(tf.data.Dataset.range(10))},
+          str(tmp_path / 'data'), worker=worker, max_to_keep=3,
+          num_workers=2, all_workers=('worker:0', 'worker:1'))
+      for worker in ('worker:0', 'worker:1')}
+  saver = _checkpointer(tmp_path, _model(),
+                        is_whole=positions['worker:0'].is_whole)
+  positions['worker:0'].save(1)
+  positions['worker:1'].save(1)
+  saver.save(1)
+  # worker:1 was killed before it wrote its position of step 2.
+  positions['worker:0'].save(2)
+  saver.save(2)
+  restorer = _checkpointer(tmp_path, _model(),
+                           is_whole=positions['worker:1'].is_whole)
+  assert restorer.restore_latest().endswith('ckpt-1')

@@ -26,7 +26,8 @@ TASKS = {
     'gan': ('--config=configs/gan.py:smoke',),
     'keras_model': (f'--config={helpers.DIGITS}', '--config.task=keras_model',
                     '--config.data.name=user_modules:blobs',
-                    '--config.model.name=user_modules:counting_model'),
+                    '--config.model.name=user_modules:counting_model',
+                    '--config.evaluation.best_metric=acc'),
 }
 
 

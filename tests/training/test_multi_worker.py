@@ -30,9 +30,11 @@ def test_two_workers_train_one_model(tmp_path):
   fingerprints = [print_ for worker in workers
                   for print_ in helpers.fingerprint(worker.output)]
   assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
-  # The chief's files only; the other worker's scratch checkpoints are gone.
+  # The chief's files only; the other worker's scratch checkpoints and
+  # export are gone.
   assert sorted(path.name for path in workdir.iterdir()) == [
-      'checkpoints', 'config.json', 'eval', 'results.json', 'train']
+      'best', 'checkpoints', 'config.json', 'eval', 'export', 'results.json',
+      'train']
   # The chief's events: ctl's reports, and a task's own tf.summary calls.
   assert len(list((workdir / 'train').glob('*.v2'))) == 1
   assert len(list((workdir / 'train').iterdir())) == 2
@@ -40,6 +42,7 @@ def test_two_workers_train_one_model(tmp_path):
   assert not list(workdir.rglob('workertemp*'))
   assert not list(scratch.iterdir())
   assert 'Took part in saving checkpoint 88' in workers[1].output
+  assert 'Took part in the export' in workers[1].output
 
   # Two workers see the same global batches as one worker, and average
   # gradients over them, so they train (to float rounding) the same model.

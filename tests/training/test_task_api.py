@@ -49,7 +49,9 @@ def test_summaries_of_the_step_and_every_eval_result_reach_tensorboard(
 def test_a_keras_models_own_train_step_runs_under_ctl(tmp_path):
   config = helpers.digits(3, task='keras_model', steps_per_epoch=10, **{
       'data.name': 'user_modules:blobs', 'model.name':
-      'user_modules:counting_model'})
+      'user_modules:counting_model',
+      # The model's compiled metric is named 'acc'.
+      'evaluation.best_metric': 'acc'})
   results = run.train_and_evaluate(config, str(tmp_path))
   assert results['step'] == 30
   assert results['eval']['acc'] > 0.9

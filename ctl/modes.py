@@ -1,0 +1,50 @@
+"""What `python -m ctl.main --mode=...` does with a config and a workdir.
+
+    train                  train, evaluating in the loop; keep the best
+                           checkpoint; export when training finishes
+                           (the evaluator task of TF_CONFIG evaluates
+                           continuously instead)
+    evaluate               evaluate one checkpoint (--checkpoint, else the
+                           latest) on every eval set; nothing else changes
+    evaluate_continuously  the side-car: evaluate each new checkpoint as the
+                           chief writes it, keep the best, stop when
+                           training has finished
+    export                 export the best checkpoint, else the latest (or
+                           --checkpoint) as a SavedModel and .keras files
+"""
+
+import ml_collections
+
+from ctl.runtime import distribution
+from ctl.serving import export as export_lib
+from ctl.training import evaluate as evaluate_lib
+from ctl.training import run as run_lib
+
+MODES = ('train', 'evaluate', 'evaluate_continuously', 'export')
+
+
+def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
+        checkpoint: str = '') -> dict:
+  """Runs `mode`; returns its results (see each mode's function)."""
+  if mode == 'evaluate':
+    return evaluate_lib.evaluate_checkpoint(config, workdir, checkpoint)
+  if mode == 'evaluate_continuously':
+    results = evaluate_lib.evaluate_continuously(config, workdir)
+    if results['finished'] and config.export.at_end:
+      export_lib.export_run(config, workdir)
+    return results
+  if mode == 'export':
+    return {'export': export_lib.export_run(config, workdir,
+                                             checkpoint=checkpoint or 'best')}
+
+  def export_at_end(task_info: distribution.Task) -> None:
+    if not config.export.at_end:
+      return
+    # With an evaluator task in the cluster, it exports, once it has
+    # evaluated the last checkpoint: the best is known only then.
+    if task_info.task_type == 'evaluator':
+      export_lib.export_run(config, workdir)
+    elif not task_info.has_evaluator:
+      export_lib.export_run(config, workdir, is_chief=task_info.is_chief)
+
+  return run_lib.train_and_evaluate(config, workdir, on_finish=export_at_end)

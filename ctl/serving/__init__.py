@@ -1,0 +1,1 @@
+"""A trained run, outside training: export for serving, load in Python."""

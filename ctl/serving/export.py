@@ -1,0 +1,125 @@
+"""Export: a run's best checkpoint (else its latest) for serving.
+
+    workdir/export/saved_model/    a SavedModel; `serving_default` is the
+                                   task's serving signature: raw inputs in,
+                                   outputs out (classification: the
+                                   features as the dataset ships them ->
+                                   probabilities and class)
+    workdir/export/<model>.keras   each of the task's Keras models
+    workdir/export/export.json     the step and checkpoint exported
+
+The export is written to a folder beside it and then renamed into place,
+so workdir/export is always a whole export (briefly absent while the
+folders swap). As in TensorFlow's multi-worker tutorials, the workers that
+are not the chief export too, to a temporary folder they delete: the chief
+alone writes into the workdir.
+"""
+
+import os
+import shutil
+import tempfile
+
+from absl import logging
+import ml_collections
+import tensorflow as tf
+
+from ctl import errors
+from ctl import task as task_lib
+from ctl.runtime import checkpointing
+from ctl.runtime import workdir as workdir_lib
+from ctl.serving import load as load_lib
+from ctl.training import state as state_lib
+
+EXPORT_DIR = 'export'
+SAVED_MODEL = 'saved_model'
+EXPORT_JSON = 'export.json'
+
+
+def export_dir(workdir: str) -> str:
+  return os.path.join(workdir, EXPORT_DIR)
+
+
+def export_run(config: ml_collections.ConfigDict, workdir: str, *,
+               is_chief: bool = True, checkpoint: str = 'best') -> str:
+  """Exports a checkpoint of the run in workdir; returns where.
+
+  Args:
+    config: the run's config.
+    workdir: the run's workdir.
+    is_chief: False exports to a temporary folder, deleted at once.
+    checkpoint: 'best' (else the latest), 'latest' or a path prefix.
+
+  Raises:
+    CtlError: no checkpoint, one that does not fit, or a task whose
+      serving signature cannot be saved.
+  """
+  path, which = load_lib.find_checkpoint(workdir, checkpoint)
+  run = load_lib.restore(config, path)
+  final = export_dir(workdir)
+  parent = workdir if is_chief else tempfile.gettempdir()
+  staging = tempfile.mkdtemp(prefix='.export-', dir=parent)
+  try:
+    _write(run.task, staging)
+    workdir_lib.write_json(os.path.join(staging, EXPORT_JSON), {
+        'step': run.step, 'checkpoint': path, 'which': which,
+        'task': config.task})
+    if is_chief:
+      _replace(staging, final)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  if not is_chief:
+    logging.info('Took part in the export (the chief writes it).')
+    return staging
+  logging.info('Exported the %s checkpoint (step %d) to %s', which, run.step,
+               final)
+  return final
+
+
+def _write(task: task_lib.Task, directory: str) -> None:
+  """The SavedModel and the .keras files of a restored task."""
+  signature = task.serving_signature()
+  if signature is None:
+    logging.warning('Task %s has no serving signature: no SavedModel, only '
+                    '.keras files.', type(task).__name__)
+  else:
+    root = tf.Module()
+    root.models = task.models()
+    # Variables the signature may use besides the models' (an EMA's).
+    root.task_variables = [value for value in task_lib.attribute_values(task)
+                           if isinstance(value, tf.Variable)]
+    root.serve = signature
+    try:
+      tf.saved_model.save(root, os.path.join(directory, SAVED_MODEL),
+                          signatures={'serving_default': signature})
+    except (ValueError, TypeError, AssertionError) as error:
+      raise errors.CtlError(
+          f'Cannot save task {type(task).__name__}\'s serving signature as '
+          f'a SavedModel: {checkpointing.summary(error)}. Its variables must '
+          'belong to the task\'s Keras models or be tf.Variables that the '
+          'task holds.') from error
+  for name, model in state_lib.models_by_name(task).items():
+    try:
+      model.save(os.path.join(directory, f'{name}.keras'))
+    except Exception as error:  # pylint: disable=broad-except
+      logging.warning('Model %s cannot be saved as a .keras file (%s); the '
+                      'SavedModel and the checkpoints have it.', name,
+                      checkpointing.summary(error, 200))
+
+
+def _replace(staging: str, final: str, attempts: int = 3) -> None:
+  """Renames staging to final, replacing an earlier export.
+
+  Retried: a side-car evaluator may be replacing it at the same moment.
+  """
+  for attempt in range(attempts):
+    old = f'{final}.old-{os.getpid()}'
+    try:
+      if os.path.exists(final):
+        os.replace(final, old)
+      os.replace(staging, final)
+      break
+    except OSError:
+      if attempt == attempts - 1:
+        raise
+    finally:
+      shutil.rmtree(old, ignore_errors=True)

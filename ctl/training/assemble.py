@@ -1,0 +1,94 @@
+"""A task built as training builds it: for training, evaluation, export, load.
+
+Every mode builds the task the same way (its data read, its length known,
+`build` run in the strategy's scope), so that a checkpoint written by
+training restores into it, and learning-rate schedules see the same
+`total_steps`.
+"""
+
+import dataclasses
+
+import keras
+import ml_collections
+import tensorflow as tf
+
+from ctl import errors
+from ctl import task as task_lib
+from ctl.data import inputs
+from ctl.runtime import checkpointing
+from ctl.runtime import distribution
+from ctl.training import state as state_lib
+
+
+@dataclasses.dataclass
+class Assembled:
+  """A built task, its training state and what it was built from."""
+
+  task: task_lib.Task
+  state: state_lib.TrainState
+  length: state_lib.TrainingLength
+  context: tf.distribute.InputContext
+  train_data: task_lib.Data
+
+  def checkpoint(self) -> tf.train.Checkpoint:
+    """What training checkpoints: the task and the step counters."""
+    return state_lib.checkpoint_of(self.task, self.state)
+
+  def restore(self, path: str) -> None:
+    """Reads a training checkpoint's task and step, for evaluation or export.
+
+    The data positions are not read (they are not needed to evaluate).
+
+    Raises:
+      CtlError: when the checkpoint does not fit this task's objects.
+    """
+    try:
+      status = self.checkpoint().read(path)
+      status.expect_partial().assert_existing_objects_matched()
+    except Exception as error:  # pylint: disable=broad-except
+      raise errors.CtlError(
+          f'Checkpoint {path} does not match the task of this config, or '
+          f'cannot be read: {checkpointing.summary(error)}') from error
+
+
+def assemble(config: ml_collections.ConfigDict,
+             strategy: tf.distribute.Strategy,
+             task_info: distribution.Task,
+             task_class: type[task_lib.Task]) -> Assembled:
+  """Creates the task, reads its training data's length, and builds it."""
+  keras.utils.set_random_seed(config.seed)
+  state_lib.check_batch_sizes(config, strategy.num_replicas_in_sync)
+  context = inputs.input_context(strategy, task_info.worker_index,
+                                 task_info.num_workers)
+  task = task_class(config)
+  train_data = task.train_data(context)
+  length = training_length(config, train_data,
+                           distribution.local_replicas(strategy),
+                           task.train_steps_per_epoch())
+  task.steps_per_epoch = length.steps_per_epoch
+  task.total_steps = length.total_steps
+  with strategy.scope():
+    task.build()
+    state = state_lib.TrainState()
+  return Assembled(task, state, length, context, train_data)
+
+
+def training_length(config, train_data, local_replicas: int,
+                    task_steps_per_epoch: int | None
+                    ) -> state_lib.TrainingLength:
+  """Epochs and steps, from the config and the task's training data."""
+  if task_steps_per_epoch and not config.steps_per_epoch:
+    return state_lib.training_length(config, task_steps_per_epoch)
+  if isinstance(train_data, task_lib.InMemory):
+    steps_per_epoch = state_lib.in_memory_steps_per_epoch(config,
+                                                          len(train_data))
+  elif isinstance(train_data, tf.data.Dataset):
+    # A step takes one element for each of this worker's replicas.
+    steps_per_epoch = inputs.steps_per_epoch_of(
+        train_data, config.steps_per_epoch, local_replicas)
+  else:
+    raise errors.CtlError(
+        f'The task\'s train_data returned {type(train_data).__name__}; it '
+        'must return a tf.data.Dataset of per-replica batches or '
+        'ctl.InMemory.')
+  return state_lib.training_length(config, steps_per_epoch)

@@ -1,0 +1,152 @@
+"""The best checkpoint by an eval metric, kept in workdir/best/.
+
+    workdir/best/ckpt-<step>.*   the best checkpoint (a whole training one)
+    workdir/best/best.json       its step, the metric, its value and every
+                                 eval metric of that evaluation
+
+A new best is written under its own name first, then best.json is replaced
+atomically, then the older files are deleted: a kill at any moment leaves
+best.json naming a whole checkpoint. Training's checkpoint rotation
+(`keep_checkpoints`) never touches this folder, and a restarted trainer or
+side-car evaluator reads best.json to know the value to beat.
+"""
+
+from collections.abc import Callable, Mapping
+import math
+import os
+
+from absl import logging
+import tensorflow as tf
+
+from ctl import errors
+from ctl.runtime import workdir as workdir_lib
+
+BEST_DIR = 'best'
+BEST_JSON = 'best.json'
+
+
+def best_dir(workdir: str) -> str:
+  return os.path.join(workdir, BEST_DIR)
+
+
+def read(workdir: str) -> dict | None:
+  """best.json's content, or None when no best was kept yet."""
+  return workdir_lib.read_json(os.path.join(best_dir(workdir), BEST_JSON))
+
+
+def flat_metrics(results: Mapping) -> dict[str, float]:
+  """Eval results as {name: value}: 'accuracy', or 'set/accuracy' for a
+  task with several eval sets; only numbers (no images)."""
+  flat = {}
+  for key, value in results.items():
+    if isinstance(value, Mapping):
+      flat.update({f'{key}/{name}': inner
+                   for name, inner in flat_metrics(value).items()})
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+      flat[key] = float(value)
+  return flat
+
+
+class BestCheckpoint:
+  """Decides whether an evaluation beats the best so far, and keeps it."""
+
+  def __init__(self, workdir: str, metric: str, mode: str,
+               is_chief: bool = True, reread: bool = True):
+    """Args: workdir; metric and mode as config.evaluation.best_metric and
+    best_mode ('' metric: keep none); is_chief: whether this process
+    writes the workdir (others only take part in the save); reread: read
+    best.json before each decision, in case a side-car evaluator beside
+    this process kept one (not with several workers: they must decide
+    alike, as each takes part in the save)."""
+    self._reread = reread
+    self._workdir = workdir
+    self._directory = best_dir(workdir)
+    self._is_chief = is_chief
+    self._metric = metric
+    self._mode = mode
+    self._best = self._kept_value()
+
+  def _kept_value(self) -> float | None:
+    """The value in best.json, when it is of this metric."""
+    kept = read(self._workdir) if self._metric else None
+    return kept['value'] if kept and kept['metric'] == self._metric else None
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self._metric)
+
+  def improves(self, results: Mapping) -> bool:
+    """Whether these eval results beat the best kept (any does, at first).
+
+    Raises:
+      ConfigError: the metric is not among the results.
+    """
+    if not self.enabled:
+      return False
+    value = self._value_of(results)
+    if math.isnan(value):
+      return False
+    if self._reread:
+      self._best = self._kept_value()
+    if self._best is None:
+      return True
+    return value > self._best if self._mode == 'max' else value < self._best
+
+  def keep(self, step: int, results: Mapping,
+           write: Callable[[str], None]) -> None:
+    """Writes checkpoint `step` as the best and records it in best.json.
+
+    Args:
+      step: the evaluated checkpoint's step.
+      results: its eval results.
+      write: writes the checkpoint's files at the path prefix it is given
+        (another worker's write ignores it).
+    """
+    name = f'ckpt-{step}'
+    value = self._value_of(results)
+    self._best = value
+    if not self._is_chief:
+      write(None)
+      return
+    os.makedirs(self._directory, exist_ok=True)
+    write(os.path.join(self._directory, name))
+    workdir_lib.write_json(os.path.join(self._directory, BEST_JSON), {
+        'step': step, 'checkpoint': name, 'metric': self._metric,
+        'mode': self._mode, 'value': value,
+        'eval': flat_metrics(results)})
+    for file in os.listdir(self._directory):
+      if file.startswith('ckpt-') and not file.startswith(f'{name}.'):
+        os.remove(os.path.join(self._directory, file))
+    logging.info('New best %s %s at step %d: kept in %s', self._metric,
+                 value, step, self._directory)
+
+  def _value_of(self, results: Mapping) -> float:
+    metrics = flat_metrics(results)
+    if self._metric not in metrics:
+      raise errors.ConfigError(
+          f'config.evaluation.best_metric={self._metric!r} is not an eval '
+          f'metric of this task; it has {sorted(metrics)}. Set one of '
+          "those, or '' to keep no best checkpoint.")
+    return metrics[self._metric]
+
+
+def copy_checkpoint(source: str, destination: str) -> None:
+  """Copies the files of checkpoint `source` (a path prefix) to
+  `destination`, hard-linking them where the filesystem allows: a link
+  costs nothing, and keeps the files readable even when training rotates
+  the source away."""
+  files = tf.io.gfile.glob(f'{source}.*')
+  if not any(file.endswith('.index') for file in files):
+    raise FileNotFoundError(f'{source}.index')
+  for file in files:
+    target = destination + file[len(source):]
+    try:
+      os.link(file, target)
+    except OSError:
+      # Another filesystem, or an object store.
+      tf.io.gfile.copy(file, target, overwrite=True)
+
+
+def remove_checkpoint(prefix: str) -> None:
+  for file in tf.io.gfile.glob(f'{prefix}.*'):
+    tf.io.gfile.remove(file)

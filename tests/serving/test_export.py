@@ -1,0 +1,77 @@
+"""Export and ctl.load: a trained run served without ctl."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ctl
+from ctl.data import datasets
+from ctl.training import run
+import helpers
+
+# Loads the SavedModel in a process that does not import ctl, predicts on
+# raw digits (0..16, as scikit-learn ships them) and prints the accuracy.
+_SERVE = '''
+import sys
+import numpy as np
+import tensorflow as tf
+saved_model, examples = sys.argv[1:]
+data = np.load(examples)
+serve = tf.saved_model.load(saved_model).signatures['serving_default']
+out = serve(features=tf.constant(data['features'], tf.float32))
+assert 'ctl' not in sys.modules
+print('accuracy', np.mean(out['class'].numpy() == data['labels']))
+'''
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('trained')
+  config = helpers.digits(1)
+  results = run.train_and_evaluate(config, str(workdir))
+  return config, workdir, results
+
+
+@pytest.mark.slow
+def test_the_saved_model_serves_raw_digits_without_ctl(trained, tmp_path):
+  config, workdir, _ = trained
+  # --mode=export, as a user runs it, over the export training wrote.
+  export = helpers.run_ctl(f'--config={helpers.DIGITS}', '--config.num_epochs=1',
+                           f'--workdir={workdir}', '--mode=export',
+                           timeout=300)
+  assert export.returncode == 0, export.stderr[-3000:]
+  info = json.loads((workdir / 'export' / 'export.json').read_text())
+  best = json.loads((workdir / 'best' / 'best.json').read_text())
+  assert (info['which'], info['step']) == ('best', best['step'])
+  assert (workdir / 'export' / 'model.keras').exists()
+
+  eval_split = datasets.load(config.data).eval
+  assert eval_split.features.max() == 16  # Raw, as scikit-learn ships them.
+  examples = tmp_path / 'examples.npz'
+  np.savez(examples, features=eval_split.features, labels=eval_split.labels)
+  served = subprocess.run(
+      [sys.executable, '-c', _SERVE, str(workdir / 'export' / 'saved_model'),
+       str(examples)], cwd=tmp_path, capture_output=True, text=True,
+      timeout=300, env=helpers.env_with())
+  assert served.returncode == 0, served.stderr[-3000:]
+  accuracy = float(served.stdout.split('accuracy')[-1])
+  assert accuracy == pytest.approx(best['eval']['accuracy'], abs=1e-6)
+
+
+def test_ctl_load_restores_the_best_checkpoint_for_predict(trained):
+  config, workdir, _ = trained
+  best = json.loads((workdir / 'best' / 'best.json').read_text())
+  loaded = ctl.load(str(workdir))
+  assert loaded.step == best['step']
+  eval_split = datasets.load(config.data).eval
+  logits = loaded.model.predict(eval_split.features / 16, verbose=0)
+  assert np.mean(logits.argmax(-1) == eval_split.labels) == pytest.approx(
+      best['eval']['accuracy'], abs=1e-6)
+  served = loaded.serve(eval_split.features.astype(np.float32))
+  np.testing.assert_array_equal(served['class'].numpy(), logits.argmax(-1))
+
+  latest = ctl.load(str(workdir), checkpoint='latest')
+  assert latest.step == 44  # One epoch.

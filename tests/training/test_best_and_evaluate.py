@@ -1,0 +1,70 @@
+"""The best checkpoint, and --mode=evaluate, in this process."""
+
+import json
+
+import pytest
+
+from ctl import errors
+from ctl.training import evaluate
+from ctl.training import run
+import helpers
+
+
+def _eval_accuracies(workdir):
+  """[(step, accuracy)] of every evaluation that training summarised."""
+  return helpers.read_scalars(workdir / 'eval')['accuracy']
+
+
+def test_the_best_checkpoint_survives_rotation_and_a_restart(tmp_path):
+  # Evaluated and saved every 11 steps, one checkpoint kept: the best is
+  # rotated out of checkpoints/ long before the end.
+  fields = {'intervals.eval_steps': 11, 'intervals.checkpoint_steps': 11,
+            'intervals.keep_checkpoints': 1, 'export.at_end': False}
+  run.train_and_evaluate(helpers.digits(1, **fields), str(tmp_path))
+  first = json.loads((tmp_path / 'best' / 'best.json').read_text())
+  accuracies = _eval_accuracies(tmp_path)
+  best_step, best_value = max(accuracies, key=lambda pair: pair[1])
+  # The first evaluation that reached the highest value.
+  best_step = min(step for step, value in accuracies if value == best_value)
+  assert (first['step'], first['value']) == (best_step, best_value)
+  assert first['metric'] == 'accuracy' and first['eval']['accuracy'] == best_value
+  assert sorted(path.name for path in (tmp_path / 'best').iterdir()) == [
+      'best.json', f'ckpt-{best_step}.data-00000-of-00001',
+      f'ckpt-{best_step}.index']
+
+  # A restart that trains on: the best so far is the one to beat.
+  run.train_and_evaluate(helpers.digits(3, **fields), str(tmp_path))
+  final = json.loads((tmp_path / 'best' / 'best.json').read_text())
+  accuracies = _eval_accuracies(tmp_path)
+  best_value = max(value for _, value in accuracies)
+  assert final['value'] == best_value >= first['value']
+  assert final['step'] == min(step for step, value in accuracies
+                              if value == best_value)
+  kept = tmp_path / 'best' / f'ckpt-{final["step"]}'
+  assert kept.with_suffix('.index').exists()
+
+  # The kept checkpoint is the evaluated state: evaluating it again gives
+  # the same accuracy, and changes nothing but eval/.
+  before = helpers.file_stamps(tmp_path)
+  again = evaluate.evaluate_checkpoint(helpers.digits(3, **fields),
+                                       str(tmp_path), str(kept))
+  assert again['step'] == final['step']
+  assert again['eval']['accuracy'] == final['value']
+  after = helpers.file_stamps(tmp_path)
+  changed = {path for path in after.keys() | before.keys()
+             if before.get(path) != after.get(path)}
+  assert changed and all(path.startswith('eval/') for path in changed), changed
+  assert json.loads((tmp_path / 'eval' / 'results.json').read_text())[
+      'step'] == final['step']
+
+
+def test_a_best_metric_the_task_does_not_log_is_named(tmp_path):
+  config = helpers.digits(1, **{'evaluation.best_metric': 'auc'})
+  with pytest.raises(errors.ConfigError, match=r"'auc'.*\['accuracy', 'loss'\]"):
+    run.train_and_evaluate(config, str(tmp_path))
+
+
+def test_evaluate_without_a_checkpoint_says_to_train_first(tmp_path):
+  with pytest.raises(errors.CtlError, match='train first'):
+    evaluate.evaluate_checkpoint(helpers.digits(1), str(tmp_path))
+  assert not list(tmp_path.iterdir())
