@@ -10,6 +10,8 @@ Run from the repository root. For each workload it measures, interleaved,
       custom-training-loop tutorial (benchmarks/tutorial.py);
 then a user's own task reading a tf.data pipeline against a hand-written
 loop of the same step over the same pipeline (benchmarks/user_task.py),
+ctl's TFRecord task against a hand-written loop over the same files and
+step, with what saving its data position costs (benchmarks/tfrecord.py),
 what checkpoint saves cost, the time from process start to the first
 training step against a bare script, and two fixed costs behind ctl's
 design. It prints min/median/max and the ratios of medians against the
@@ -39,11 +41,11 @@ _REPETITIONS = flags.DEFINE_integer('repetitions', 3,
                                     'Measurements of each contender.',
                                     lower_bound=1)
 _SECTIONS = flags.DEFINE_list(
-    'sections', ['mlp', 'cnn', 'two_workers', 'user_task', 'checkpoints',
-                 'startup', 'costs'],
-    'What to measure: mlp, cnn, two_workers, user_task, checkpoints, '
-    'startup, costs, and (not by default) levers_mlp, levers_cnn, '
-    'levers_two_workers: each speed option against the default.')
+    'sections', ['mlp', 'cnn', 'two_workers', 'user_task', 'tfrecord',
+                 'checkpoints', 'startup', 'costs'],
+    'What to measure: mlp, cnn, two_workers, user_task, tfrecord, '
+    'checkpoints, startup, costs, and (not by default) levers_mlp, '
+    'levers_cnn, levers_two_workers: each speed option against the default.')
 _MARKDOWN = flags.DEFINE_string(
     'markdown', None, 'Write the results into this file (BENCHMARKS.md), '
     'between its "<!-- bench:begin -->" and "<!-- bench:end -->" lines.')
@@ -278,6 +280,40 @@ def _user_task() -> tuple[str, list[Target]]:
                  '-> 10), Adam, batch 64, no XLA', list(measured.values()))
   return table, [Target('user task on tf.data: ctl default / hand-written loop',
                         ctl / hand, 0.97)]
+
+
+def _tfrecord() -> tuple[str, list[Target]]:
+  """ctl's TFRecord task against the same files and step in a hand-written
+  loop, and the data position's save cost (benchmarks/tfrecord.py)."""
+  from benchmarks import tfrecord  # pylint: disable=g-import-not-at-top
+  from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as directory:
+    tfrecord.write_shards(directory)
+    batch = tfrecord.load_config().batch_size
+    contenders = {
+        '(a) ctl, default settings: tfrecord_classification '
+        '(configs/digits_tfrecord.py)': (tfrecord.ctl_speed(directory), batch),
+        '(b) hand-written loop: the same files, pipeline and step, 100 steps '
+        'per tf.function': (tfrecord.hand_loop_speed(directory), batch),
+    }
+    measured = _interleaved(contenders)
+    milliseconds, size = tfrecord.data_position_save(
+        directory, saves=4 * _REPETITIONS.value)
+  ctl, hand = (m.median for m in measured.values())
+  table = _table(f'TFRecord files: the digits CNN on {tfrecord.NUM_SHARDS} '
+                 'shards, Adam, batch 32, no XLA', list(measured.values()))
+  interval = config_lib.base_config().intervals.checkpoint_secs
+  save = statistics.median(milliseconds)
+  lines = [
+      '| data position save (each worker, beside each checkpoint) | min | '
+      'median | max | size |', '| --- | --- | --- | --- | --- |',
+      f'| milliseconds, training thread blocked | {min(milliseconds):.1f} | '
+      f'{save:.1f} | {max(milliseconds):.1f} | {size:,} bytes |', '',
+      f'At the default interval ({interval:.0f} s) a data position save '
+      f'costs {save / 1000 / interval:.4%} of wall time.']
+  return f'{table}\n\n' + '\n'.join(lines), [
+      Target('TFRecord files: ctl default / hand-written loop', ctl / hand,
+             0.97)]
 
 
 def _checkpoints() -> tuple[str, list[Target]]:
@@ -519,6 +555,7 @@ _SECTION_FUNCTIONS = {
     'cnn': lambda: _single_process('cnn'),
     'two_workers': _two_workers,
     'user_task': _user_task,
+    'tfrecord': _tfrecord,
     'checkpoints': _checkpoints,
     'startup': _startup,
     'costs': _costs,

@@ -5,12 +5,14 @@ from ctl import registry
 from ctl import task as task_lib
 from ctl.tasks import classification
 from ctl.tasks import keras_model
+from ctl.tasks import tfds_classification
 from ctl.tasks import tfrecord_classification
 
 _BUILT_IN = {
     'classification': classification.Classification,
     'keras_model': keras_model.KerasModelTask,
     'tfrecord_classification': tfrecord_classification.TFRecordClassification,
+    'tfds_classification': tfds_classification.TFDSClassification,
 }
 
 

@@ -21,6 +21,7 @@ import dataclasses
 import os
 
 from absl import logging
+import ml_collections
 import tensorflow as tf
 
 from ctl import errors
@@ -32,7 +33,7 @@ from ctl.tasks import classification
 
 
 @dataclasses.dataclass(frozen=True)
-class _Info:
+class ImageInfo:
   """What the model and the step need to know of the dataset."""
 
   input_shape: tuple[int, ...]
@@ -45,7 +46,7 @@ class TFRecordClassification(classification.Classification):
 
   def train_data(self, context: tf.distribute.InputContext
                  ) -> tf.data.Dataset:
-    settings = self.config.data.tfrecord
+    settings = self._reading()
     source = self._source('train')
     per_replica_batch_size = context.get_per_replica_batch_size(
         self.config.batch_size)
@@ -78,26 +79,33 @@ class TFRecordClassification(classification.Classification):
   def eval_step(self, batch, ctx: task_lib.StepContext) -> dict:
     return super().eval_step(self._scale(batch), ctx)
 
+  def _reading(self) -> ml_collections.ConfigDict:
+    """The config section of shuffle_buffer, cycle_length and shift."""
+    return self.config.data.tfrecord
+
   def _decode(self, features, seed):
     """A record's (uint8 image, int32 label), shifted at random when
     training (seed given)."""
-    info = self._data()
     image = tf.reshape(tf.io.decode_raw(features['image'], tf.uint8),
-                       info.input_shape)
-    shift = self.config.data.tfrecord.shift
-    if seed is not None and shift:
-      padding = [[shift, shift], [shift, shift]] + [[0, 0]] * (
-          len(info.input_shape) - 2)
-      image = tf.image.stateless_random_crop(
-          tf.pad(image, padding), info.input_shape, seed)
-    return image, tf.cast(features['label'], tf.int32)
+                       self._data().input_shape)
+    return self._shift(image, seed), tf.cast(features['label'], tf.int32)
 
-  def _data(self) -> _Info:
+  def _shift(self, image: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
+    """The image shifted by up to `shift` pixels, drawn from the stateless
+    seed (training); as it is without one (eval)."""
+    shift = self._reading().shift
+    if seed is None or not shift:
+      return image
+    shape = self._data().input_shape
+    padding = [[shift, shift], [shift, shift]] + [[0, 0]] * (len(shape) - 2)
+    return tf.image.stateless_random_crop(tf.pad(image, padding), shape, seed)
+
+  def _data(self) -> ImageInfo:
     """The dataset's shapes and classes, from features.json (not
     checkpointed)."""
     if not hasattr(self, '_info'):
       metadata = write_tfrecords.read_metadata(self._directory())
-      self._info = _Info(tuple(metadata['image_shape']),
+      self._info = ImageInfo(tuple(metadata['image_shape']),
                          int(metadata['num_classes']),
                          float(metadata['feature_scale']))
     return self._info

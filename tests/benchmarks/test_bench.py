@@ -11,6 +11,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from benchmarks import bench
+from benchmarks import tfrecord
 from benchmarks import user_task
 from benchmarks import workloads as bw
 from ctl import config as config_lib
@@ -57,6 +58,18 @@ def test_every_contender_trains_and_reports_a_speed():
   assert bw.tf_data_element_microseconds(100) > 0
   assert bw.report_milliseconds('ctl', 2) > 0
   assert bw.report_milliseconds('tf.summary', 2) > 0
+
+
+def test_the_tfrecord_contenders_train_and_the_data_save_is_measured(
+    tmp_path):
+  directory = str(tmp_path / 'shards')
+  tfrecord.write_shards(directory)
+  assert tfrecord.ctl_speed(directory, total_steps=300)() > 0
+  assert tfrecord.hand_loop_speed(directory, measure_steps=200)() > 0
+  milliseconds, size = tfrecord.data_position_save(directory, saves=2,
+                                                   steps_between=5)
+  assert len(milliseconds) == 2 and min(milliseconds) > 0
+  assert 1000 < size < 100_000  # About 12 KB: positions, not records.
 
 
 def test_the_xla_ceiling_is_what_ctl_compiles_by_default():

@@ -1,0 +1,162 @@
+"""ctl over TFRecord shards against a hand-written loop over the same files,
+and what saving the data position costs (`python -m benchmarks.bench
+--sections=tfrecord`).
+
+Both contenders train configs/digits_tfrecord.py's task (the digits CNN,
+Adam, 32 examples a step, no XLA) on the digits written as 4 TFRecord
+shards (`write_shards`), read by the same ctl.data.tfrecord pipeline with
+the config's settings, one step being the task's own `train_step`. ctl
+runs with its default intervals (a user's run: the config's own save and
+summaries every few steps suit a 5-second job, not a measurement) and one
+epoch as long as the run, so that it evaluates only after the last step,
+as the hand-written loop never does. The hand-written loop is the fair
+equivalent of ctl's: a tf.function running `steps_per_loop` steps in a
+tf.while_loop, each reading `next(iterator)`, the loss summed for a log
+line; no metrics read, no checkpoints or summaries.
+
+The save cost is that of ctl's own `DataPositions.save` of the training
+iterator mid-epoch, as ctl writes it beside each checkpoint: milliseconds
+(the training thread waits for it) and bytes on disk.
+"""
+
+import importlib.util
+import os
+import pathlib
+import tempfile
+import time
+from collections.abc import Callable
+
+import ml_collections
+import tensorflow as tf
+
+from benchmarks import workloads
+from ctl import config as config_lib
+from ctl import task as task_lib
+from ctl import tasks
+from ctl.data import datasets
+from ctl.data import inputs
+from ctl.data import write_tfrecords
+from ctl.runtime import checkpointing
+
+CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / (
+    'digits_tfrecord.py')
+NUM_SHARDS = 4
+CTL_STEPS = 6000  # A ctl run; its second half is measured.
+MEASURE_STEPS = 3000  # Steps per measurement of the hand-written loop.
+
+
+def load_config() -> ml_collections.ConfigDict:
+  """configs/digits_tfrecord.py's get_config()."""
+  spec = importlib.util.spec_from_file_location('configs_digits_tfrecord',
+                                                CONFIG)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def write_shards(directory: str) -> None:
+  """The digits as NUM_SHARDS TFRecord shards per split, in directory."""
+  config = load_config()
+  write_tfrecords.write(datasets.load(config.data), directory, NUM_SHARDS,
+                        config.data.name)
+
+
+def ctl_config(directory: str, **overrides) -> ml_collections.ConfigDict:
+  """The config's task on the shards in directory, with ctl's default
+  intervals and one epoch of CTL_STEPS steps; overrides are dotted keys."""
+  config = load_config()
+  config.data.tfrecord.dir = directory
+  config.data.tfrecord.prepare = False
+  config.intervals = config_lib.base_config().intervals
+  config.total_steps = CTL_STEPS
+  config.steps_per_epoch = CTL_STEPS
+  config.lock()  # A key that does not exist fails, as on the command line.
+  for key, value in overrides.items():
+    section, _, field = key.rpartition('.')
+    (config[section] if section else config)[field] = value
+  config_lib.validate(config)
+  return config
+
+
+def ctl_speed(directory: str, **overrides) -> Callable[[], float]:
+  """(a) ctl running the task, a fresh run each call: its steady steps/s."""
+  return lambda: workloads.run_speed(ctl_config(directory, **overrides))
+
+
+def _task_and_data(directory: str) -> tuple[task_lib.Task, tf.data.Dataset]:
+  """The task, built, and its training pipeline for one worker."""
+  config = ctl_config(directory)
+  task = tasks.resolve(config.task)(config)
+  task.total_steps = config.total_steps
+  dataset = task.train_data(tf.distribute.InputContext())
+  task.build()
+  return task, dataset
+
+
+def hand_loop_speed(directory: str, measure_steps: int = MEASURE_STEPS,
+                    steps_per_loop: int = 100) -> Callable[[], float]:
+  """(b) The same pipeline and step in a hand-written loop.
+
+  Repeated calls go on with the same model and iterator. One untimed
+  measurement first: tf.data's autotuning settles, as it has in the half
+  of ctl's run that ctl leaves out.
+  """
+  task, dataset = _task_and_data(directory)
+  with tf.device('/cpu:0'):  # Where ctl makes its iterator.
+    iterator = iter(dataset)
+  ctx = task_lib.StepContext(global_batch_size=task.config.batch_size,
+                             step=tf.constant(0, tf.int64),
+                             seed=task.config.seed, training=True)
+
+  @tf.function(autograph=False)
+  def loop(num_steps):
+    def body(i, loss_sum):
+      logs = task.train_step(next(iterator), ctx)
+      return i + 1, loss_sum + logs['loss']
+
+    _, loss_sum = tf.while_loop(lambda i, _: i < num_steps, body,
+                                [tf.constant(0), tf.constant(0.0)])
+    return loss_sum / tf.cast(num_steps, tf.float32)
+
+  loop(tf.constant(steps_per_loop))  # Traces.
+
+  def measure() -> float:
+    calls = max(measure_steps // steps_per_loop, 1)
+    start = time.perf_counter()
+    for _ in range(calls):
+      float(loop(tf.constant(steps_per_loop)))  # The log line's loss.
+    return calls * steps_per_loop / (time.perf_counter() - start)
+
+  measure()
+  return measure
+
+
+def data_position_save(directory: str, saves: int = 10,
+                       steps_between: int = 50) -> tuple[list[float], int]:
+  """Times ctl's save of the training iterator's position, as it saves it
+  beside each checkpoint, `saves` times `steps_between` batches apart.
+
+  Returns:
+    The milliseconds of each save, and the bytes of the last one's files.
+  """
+  task, dataset = _task_and_data(directory)
+  train_input = inputs.DatasetInput(tf.distribute.get_strategy(), dataset,
+                                    num_local_replicas=1)
+  iterator = train_input.make_iterator([])
+  milliseconds = []
+  with tempfile.TemporaryDirectory() as scratch:
+    positions = checkpointing.DataPositions(
+        train_input.checkpointable, scratch, worker='worker_0',
+        max_to_keep=task.config.intervals.keep_checkpoints)
+    for save in range(saves + 1):
+      for _ in range(steps_between):  # Mid-epoch: an epoch is 44 batches.
+        next(iterator)
+      start = time.perf_counter()
+      positions.save((save + 1) * steps_between)
+      if save:  # The first traces the save.
+        milliseconds.append((time.perf_counter() - start) * 1000)
+    prefix = os.path.join(scratch, 'worker_0',
+                          f'ckpt-{(saves + 1) * steps_between}')
+    size = sum(os.path.getsize(path) for path in tf.io.gfile.glob(
+        prefix + '.*'))
+  return milliseconds, size

@@ -1,0 +1,240 @@
+"""TFDS input: a tiny dataset prepared offline in the test (tests/tfds_tiny.py),
+read by TFDSSource (each worker its own files, exact resume), the
+tfds_mnist config trained by ctl.main and stopped by SIGTERM, and the
+errors for what is missing."""
+
+import collections
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ctl import errors
+from ctl.data import tfds as tfds_data
+import helpers
+import tfds_tiny
+
+CONFIG = str(helpers.REPO / 'configs' / 'tfds_mnist.py')
+KEYS = ('image', 'label')
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  """A data directory holding tiny_digits, prepared (4 shards a split)."""
+  directory = tmp_path_factory.mktemp('tensorflow_datasets')
+  tfds_tiny.prepare(directory)
+  return directory
+
+
+def _source(data_dir, split='train'):
+  builder = tfds_data.load_builder(tfds_tiny.NAME, str(data_dir))
+  return tfds_data.TFDSSource(builder, split, keys=KEYS)
+
+
+def _context(pipeline=0, num_pipelines=1):
+  return tf.distribute.InputContext(num_input_pipelines=num_pipelines,
+                                    input_pipeline_id=pipeline,
+                                    num_replicas_in_sync=num_pipelines)
+
+
+def _noisy(features, seed):
+  """The image as int32 plus stateless noise: augmentation."""
+  image = tf.cast(features['image'], tf.int32)
+  noise = tf.random.stateless_uniform(tf.shape(image), seed, 0, 1000,
+                                      tf.int32)
+  return image + noise, features['label']
+
+
+def _plain(features, seed):
+  del seed
+  return features['image'], features['label']
+
+
+def _examples(images, labels):
+  """A multiset of (image bytes, label): what a share of the data holds."""
+  return collections.Counter(
+      (image.tobytes(), int(label))
+      for image, label in zip(np.asarray(images), np.asarray(labels)))
+
+
+def test_each_pipeline_reads_its_own_files_decoded_as_tfds_decodes(data_dir):
+  source = _source(data_dir)
+  assert len(source.files) == tfds_tiny.NUM_SHARDS
+  features = tfds_data.load_builder(tfds_tiny.NAME,
+                                    str(data_dir)).info.features
+  for pipeline in range(2):
+    # 2 of the 4 files, 719 records: an epoch. (In batches of one: TF 2.21
+    # crashed, at times, dropping an iterator while it prefetched a batch
+    # of 719.)
+    epoch = list(source.train_dataset(
+        _context(pipeline, 2), per_replica_batch_size=1, seed=0,
+        decode=_plain).take(719))
+    images = np.concatenate([images for images, _ in epoch])
+    labels = np.concatenate([labels for _, labels in epoch])
+    expected = [features.deserialize_example(record) for record in
+                tf.data.TFRecordDataset(source.files[pipeline::2])]
+    assert _examples(images, labels) == _examples(
+        [example['image'] for example in expected],
+        [example['label'] for example in expected])
+
+
+def test_a_restored_iterator_gives_exactly_the_following_batches(data_dir):
+  source = _source(data_dir)
+
+  def batches():  # 44 batches of 32 an epoch.
+    return iter(source.train_dataset(_context(), per_replica_batch_size=32,
+                                     seed=3, decode=_noisy))
+
+  iterator = batches()
+  for _ in range(50):  # Into the second epoch.
+    next(iterator)
+  path = tf.train.Checkpoint(iterator=iterator).write(
+      str(data_dir.parent / 'position' / 'ckpt'))
+  expected = [next(iterator) for _ in range(45)]  # Across an epoch's end.
+
+  restored = batches()
+  tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+  for (images, labels), (want_images, want_labels) in zip(
+      [next(restored) for _ in range(45)], expected):
+    np.testing.assert_array_equal(labels, want_labels)
+    np.testing.assert_array_equal(images, want_images)  # The noise too.
+
+
+def test_eval_pipelines_read_every_record_once(data_dir):
+  source = _source(data_dir, 'test')
+  shares = [
+      [int(label) for _, labels in source.eval_dataset(
+          _context(pipeline, 2), per_replica_batch_size=100, decode=_plain)
+       for label in labels] for pipeline in range(2)]
+  assert len(shares[0]) + len(shares[1]) == len(source) == 359
+  assert sorted(shares[0] + shares[1]) == sorted(
+      int(example['label']) for example in tfds_data.load_builder(
+          tfds_tiny.NAME, str(data_dir)).as_dataset(split='test'))
+
+
+def test_a_prepared_version_directory_is_read_without_a_name(data_dir):
+  directory = data_dir / tfds_tiny.NAME / '1.0.0'
+  builder = tfds_data.load_builder('', str(directory))
+  assert builder.info.full_name == f'{tfds_tiny.NAME}/1.0.0'
+  assert len(tfds_data.TFDSSource(builder, 'train', keys=KEYS)) == 1438
+
+
+@pytest.mark.parametrize('split, keys, message', [
+    ('validation', KEYS, r"no split 'validation'; it has \['test', 'train'\]"),
+    ('train[:50%]', KEYS, r'no split .*slices .* are not read'),
+    ('train', ('image', 'digit'), r"no feature 'digit'; it has \['image', "
+     r"'label'\]"),
+], ids=['split', 'slice', 'feature'])
+def test_what_the_dataset_lacks_is_named(data_dir, split, keys, message):
+  builder = tfds_data.load_builder(tfds_tiny.NAME, str(data_dir))
+  with pytest.raises(errors.CtlError, match=message):
+    tfds_data.TFDSSource(builder, split, keys=keys)
+
+
+def test_an_unprepared_dataset_says_how_to_prepare_it(tmp_path):
+  # tiny_digits's builder class is known here (tfds_tiny is imported), but
+  # tmp_path holds none of its files: ctl does not prepare it.
+  with pytest.raises(errors.CtlError, match=(
+      r"TFDS dataset 'tiny_digits' is not prepared in .* \(it holds \[\]\)\. "
+      r"ctl never downloads: prepare it .* with `python -c 'import "
+      r'tensorflow_datasets as tfds; tfds.builder\("tiny_digits", '
+      r'data_dir=".*"\).download_and_prepare\(\)\'`')):
+    tfds_data.load_builder(tfds_tiny.NAME, str(tmp_path))
+  assert not list(tmp_path.iterdir())
+
+
+def test_a_dataset_neither_prepared_nor_known_says_how_to_prepare_it(
+    data_dir):
+  # As ctl.main sees tiny_digits in an empty directory: no builder class.
+  with pytest.raises(errors.CtlError, match=(
+      r"TFDS dataset 'no_such_set' is not prepared in .* \(it holds "
+      r"\[.*'tiny_digits'\]\)\. ctl never downloads")):
+    tfds_data.load_builder('no_such_set', str(data_dir))
+
+
+def test_without_tensorflow_datasets_the_message_says_what_to_install(
+    data_dir, monkeypatch):
+  monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)
+  with pytest.raises(errors.CtlError,
+                     match=r'needs tensorflow-datasets, which is not '
+                     r'installed .*pip install -e "\.\[tfds\]"'):
+    tfds_data.load_builder(tfds_tiny.NAME, str(data_dir))
+
+
+def test_ctl_imports_tensorflow_datasets_only_to_read_tfds():
+  code = ('import sys; import ctl.main, ctl.tasks, ctl.training.run; '
+          "print('tensorflow_datasets' in sys.modules)")
+  done = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO,
+                        env=helpers.env_with(), capture_output=True,
+                        text=True, timeout=300)
+  assert done.stdout.strip() == 'False', done.stderr[-3000:]
+
+
+def _args(data_dir, workdir, *extra):
+  """The smoke config on tiny_digits: 2 epochs of 22 steps of 64."""
+  return (f'--config={CONFIG}:smoke', f'--workdir={workdir}',
+          f'--config.data.tfds.name={tfds_tiny.NAME}',
+          f'--config.data.tfds.data_dir={data_dir}',
+          '--config.data.tfds.feature_scale=0.0625',  # Pixels are 0..16.
+          '--config.steps_per_epoch=0', '--config.num_epochs=2', *extra)
+
+
+def test_missing_data_is_one_error_line_and_nothing_is_written(tmp_path):
+  done = helpers.run_ctl(*_args(tmp_path / 'absent', tmp_path / 'work'))
+  assert done.returncode == errors.EXIT_FAILURE, done.stderr[-3000:]
+  lines = [line for line in done.stderr.splitlines()
+           if line.startswith('ctl: error:')]
+  assert len(lines) == 1 and 'ctl never downloads' in lines[0], (
+      done.stderr[-3000:])
+  assert 'absent does not exist' in lines[0]
+  assert 'download_and_prepare()' in lines[0]
+  assert 'Traceback' not in done.stderr
+  assert not (tmp_path / 'work').exists()
+
+
+TOTAL_STEPS = 44  # 2 epochs of 1438 // 64 steps.
+
+
+def test_stopped_by_sigterm_mid_epoch_resumes_bit_identically(
+    data_dir, tmp_path):
+  """Shifted images, deterministic ops: SIGTERM at step 30, restart."""
+  extra = ('--config.deterministic=True', '--config.data.tfds.shift=1',
+           '--config.intervals.log_steps=1')
+
+  def start(workdir):
+    return helpers.Watched(helpers.ctl_command(*_args(data_dir, workdir,
+                                                      *extra)))
+
+  reference = start(tmp_path / 'reference')
+  assert reference.wait() == 0, reference.output[-3000:]
+  expected = helpers.fingerprint(reference.output)
+  assert expected
+  results = helpers.read_results(tmp_path / 'reference')
+  assert results['step'] == TOTAL_STEPS
+  assert results['eval']['accuracy'] > 0.5  # Chance: 0.1.
+
+  for attempt in range(3):
+    workdir = tmp_path / f'attempt{attempt}'
+    job = start(workdir)
+    job.wait_for(r'step 30/')  # Epoch 2, step 8 of 22.
+    job.process.send_signal(signal.SIGTERM)
+    code = job.wait()
+    if code == errors.EXIT_PREEMPTED:
+      break
+    # On a loaded machine the job may finish before the signal takes effect.
+    assert code == 0, job.output[-3000:]
+  else:
+    pytest.fail('The job finished before SIGTERM in all 3 attempts')
+  step = int(re.search(r'Stopped by SIGTERM after step (\d+)',
+                       job.output).group(1))
+  assert 30 <= step < TOTAL_STEPS and step % 22
+  assert list(workdir.glob(f'checkpoints/data/*/ckpt-{step}.index'))
+
+  resumed = start(workdir)
+  assert resumed.wait() == 0, resumed.output[-3000:]
+  assert f'Training from step {step} to {TOTAL_STEPS}' in resumed.output
+  assert helpers.fingerprint(resumed.output) == expected
