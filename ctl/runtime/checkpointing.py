@@ -152,10 +152,13 @@ class Checkpointer:
 
   def write_copy(self, prefix: str | None) -> None:
     """Writes the state now, outside the rotation, at `prefix` (the chief;
-    every other worker takes part through its scratch directory)."""
-    self.wait()
+    every other worker takes part through its scratch directory).
+
+    The chief's write is asynchronous as its saves are: `wait()` returns
+    once its files are complete.
+    """
     if self._scratch_directory is None:
-      self._checkpoint.write(prefix)
+      self._checkpoint.write(prefix, options=self._options)
     else:
       self._checkpoint.write(os.path.join(self._scratch_directory, 'copy'))
       shutil.rmtree(self._scratch_directory, ignore_errors=True)

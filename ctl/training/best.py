@@ -65,6 +65,7 @@ class BestCheckpoint:
     self._metric = metric
     self._mode = mode
     self._best = self._kept_value()
+    self._pending = None  # A best whose files are being written.
 
   def _kept_value(self) -> float | None:
     """The value in best.json, when it is of this metric."""
@@ -86,34 +87,51 @@ class BestCheckpoint:
     value = self._value_of(results)
     if math.isnan(value):
       return False
-    if self._reread:
+    if self._reread and self._pending is None:
       self._best = self._kept_value()
     if self._best is None:
       return True
     return value > self._best if self._mode == 'max' else value < self._best
 
   def keep(self, step: int, results: Mapping,
-           write: Callable[[str], None]) -> None:
+           write: Callable[[str | None], None],
+           wait: Callable[[], None] | None = None) -> None:
     """Writes checkpoint `step` as the best and records it in best.json.
 
     Args:
       step: the evaluated checkpoint's step.
       results: its eval results.
       write: writes the checkpoint's files at the path prefix it is given
-        (another worker's write ignores it).
+        (another worker's write is given None).
+      wait: for a write that returns before its files are complete (an
+        asynchronous save), returns once they are: best.json is then
+        written at the next evaluation or at `finish()`, so that it never
+        names files still being written, and training does not wait.
     """
-    name = f'ckpt-{step}'
+    self.finish()
     value = self._value_of(results)
     self._best = value
     if not self._is_chief:
       write(None)
       return
     os.makedirs(self._directory, exist_ok=True)
-    write(os.path.join(self._directory, name))
+    write(os.path.join(self._directory, f'ckpt-{step}'))
+    self._pending = (step, value, flat_metrics(results), wait)
+    if wait is None:
+      self.finish()
+
+  def finish(self) -> None:
+    """Records the best whose files were being written, once they are."""
+    if self._pending is None:
+      return
+    step, value, metrics, wait = self._pending
+    self._pending = None
+    if wait is not None:
+      wait()
+    name = f'ckpt-{step}'
     workdir_lib.write_json(os.path.join(self._directory, BEST_JSON), {
         'step': step, 'checkpoint': name, 'metric': self._metric,
-        'mode': self._mode, 'value': value,
-        'eval': flat_metrics(results)})
+        'mode': self._mode, 'value': value, 'eval': metrics})
     for file in os.listdir(self._directory):
       if file.startswith('ckpt-') and not file.startswith(f'{name}.'):
         os.remove(os.path.join(self._directory, file))

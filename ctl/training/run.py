@@ -191,6 +191,7 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
     train_writer.close()
     evaluator.close()
     checkpointer.wait()
+    evaluate.finish()
 
   results = {
       **state.as_dict(),
@@ -234,7 +235,12 @@ class _InLoopEvaluation:
     # Every worker has the same (all-reduced) results, so all decide alike
     # and take part in the save.
     if self._best.improves(self.last):
-      self._best.keep(step, self.last, self._checkpointer.write_copy)
+      self._best.keep(step, self.last, self._checkpointer.write_copy,
+                      wait=self._checkpointer.wait)
+
+  def finish(self) -> None:
+    """Records a best checkpoint still being written, once it is."""
+    self._best.finish()
 
 
 def _train(config, workdir, strategy, task, task_info, state, length,
