@@ -28,6 +28,7 @@ from ctl import task as task_lib
 from ctl.runtime import checkpointing
 from ctl.runtime import workdir as workdir_lib
 from ctl.serving import load as load_lib
+from ctl.training import best as best_lib
 from ctl.training import state as state_lib
 
 EXPORT_DIR = 'export'
@@ -53,12 +54,14 @@ def export_run(config: ml_collections.ConfigDict, workdir: str, *,
     CtlError: no checkpoint, one that does not fit, or a task whose
       serving signature cannot be saved.
   """
-  path, which = load_lib.find_checkpoint(workdir, checkpoint)
-  run = load_lib.restore(config, path)
   final = export_dir(workdir)
   parent = workdir if is_chief else tempfile.gettempdir()
   staging = tempfile.mkdtemp(prefix='.export-', dir=parent)
+  # Beside the workdir's files, so that links can be made.
+  reading = tempfile.mkdtemp(prefix='.export-reading-', dir=workdir)
   try:
+    path, which, snapshot = _snapshot(workdir, checkpoint, reading)
+    run = load_lib.restore(config, snapshot)
     _write(run.task, staging)
     workdir_lib.write_json(os.path.join(staging, EXPORT_JSON), {
         'step': run.step, 'checkpoint': path, 'which': which,
@@ -67,12 +70,40 @@ def export_run(config: ml_collections.ConfigDict, workdir: str, *,
       _replace(staging, final)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(reading, ignore_errors=True)
   if not is_chief:
     logging.info('Took part in the export (the chief writes it).')
     return staging
   logging.info('Exported the %s checkpoint (step %d) to %s', which, run.step,
                final)
   return final
+
+
+def _snapshot(workdir: str, checkpoint: str, directory: str,
+              attempts: int = 3) -> tuple[str, str, str]:
+  """Links (else copies) the checkpoint to export into directory.
+
+  The chief may replace the best checkpoint meanwhile (another worker
+  exports while it does): a checkpoint gone before it was linked is looked
+  up again.
+
+  Returns:
+    (its path, 'best' | 'latest' | 'named', the snapshot's path).
+  """
+  attempt = 1
+  while True:
+    path, which = load_lib.find_checkpoint(workdir, checkpoint)
+    snapshot = os.path.join(directory, os.path.basename(path))
+    try:
+      best_lib.copy_checkpoint(path, snapshot)
+      return path, which, snapshot
+    except (FileNotFoundError, tf.errors.NotFoundError):
+      best_lib.remove_checkpoint(snapshot)
+      if attempt == attempts:
+        raise errors.CtlError(
+            f'Checkpoint {path} was deleted while it was being exported, '
+            f'{attempts} times: run --mode=export again.') from None
+      attempt += 1
 
 
 def _write(task: task_lib.Task, directory: str) -> None:
