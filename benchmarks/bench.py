@@ -231,10 +231,10 @@ def _two_worker_ctl(**overrides) -> float:
   return results['timing']['steps_per_second']
 
 
-def _two_worker_tutorial() -> float:
+def _two_worker_tutorial(num_epochs: int = 3) -> float:
   with tempfile.TemporaryDirectory() as workdir:
     return _two_worker_script('benchmarks.tutorial',
-                              os.path.join(workdir, 'ckpt'))
+                              os.path.join(workdir, 'ckpt'), str(num_epochs))
 
 
 def _two_worker_ceiling() -> float:

@@ -13,7 +13,10 @@
                            --checkpoint) as a SavedModel and .keras files
 """
 
+from absl import logging
 import ml_collections
+
+from ctl import errors
 
 from ctl.runtime import distribution
 from ctl.serving import export as export_lib
@@ -44,7 +47,24 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
     # evaluated the last checkpoint: the best is known only then.
     if task_info.task_type == 'evaluator':
       export_lib.export_run(config, workdir)
+    elif task_info.is_chief:
+      if not task_info.has_evaluator:
+        export_lib.export_run(config, workdir)
     elif not task_info.has_evaluator:
-      export_lib.export_run(config, workdir, is_chief=task_info.is_chief)
+      _export_beside_the_chief(config, workdir)
 
   return run_lib.train_and_evaluate(config, workdir, on_finish=export_at_end)
+
+
+def _export_beside_the_chief(config: ml_collections.ConfigDict,
+                             workdir: str) -> None:
+  """Another worker's export, to a temporary folder it deletes, as in
+  TensorFlow's multi-worker tutorials. It reads the chief's checkpoints,
+  which the chief may still be writing or replacing: a failure here is
+  logged, not raised, as the chief's export is the one kept.
+  """
+  try:
+    export_lib.export_run(config, workdir, is_chief=False)
+  except errors.CtlError as error:
+    logging.warning('This worker\'s export (discarded in any case; the '
+                    'chief writes the export) failed: %s', error)

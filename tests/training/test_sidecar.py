@@ -27,7 +27,10 @@ def test_a_side_car_evaluates_checkpoints_as_training_writes_them(tmp_path):
   side_car = helpers.Watched([*command, '--mode=evaluate_continuously',
                               '--config.intervals.eval_steps=0'])
   side_car.wait_for('Evaluating each new checkpoint')
-  trainer = helpers.Watched(command)
+  # Beside a side-car started by hand, the trainer leaves the best and the
+  # export to it (README, "Evaluate, export and serve").
+  trainer = helpers.Watched([*command, '--config.evaluation.best_metric=',
+                             '--config.export.at_end=False'])
   assert trainer.wait() == 0, trainer.output[-3000:]
   # It stops by itself once it has evaluated the final checkpoint.
   assert side_car.wait(timeout=300) == 0, side_car.output[-3000:]
