@@ -70,10 +70,7 @@ def ctl_config(directory: str, **overrides) -> ml_collections.ConfigDict:
   config.intervals = config_lib.base_config().intervals
   config.total_steps = CTL_STEPS
   config.steps_per_epoch = CTL_STEPS
-  config.lock()  # A key that does not exist fails, as on the command line.
-  for key, value in overrides.items():
-    section, _, field = key.rpartition('.')
-    (config[section] if section else config)[field] = value
+  workloads.override(config, overrides)
   config_lib.validate(config)
   return config
 
@@ -108,25 +105,9 @@ def hand_loop_speed(directory: str, measure_steps: int = MEASURE_STEPS,
                              step=tf.constant(0, tf.int64),
                              seed=task.config.seed, training=True)
 
-  @tf.function(autograph=False)
-  def loop(num_steps):
-    def body(i, loss_sum):
-      logs = task.train_step(next(iterator), ctx)
-      return i + 1, loss_sum + logs['loss']
-
-    _, loss_sum = tf.while_loop(lambda i, _: i < num_steps, body,
-                                [tf.constant(0), tf.constant(0.0)])
-    return loss_sum / tf.cast(num_steps, tf.float32)
-
-  loop(tf.constant(steps_per_loop))  # Traces.
-
-  def measure() -> float:
-    calls = max(measure_steps // steps_per_loop, 1)
-    start = time.perf_counter()
-    for _ in range(calls):
-      float(loop(tf.constant(steps_per_loop)))  # The log line's loss.
-    return calls * steps_per_loop / (time.perf_counter() - start)
-
+  measure = workloads.graph_loop_speed(
+      lambda batch: task.train_step(batch, ctx)['loss'], iterator,
+      measure_steps, steps_per_loop)
   measure()
   return measure
 

@@ -11,7 +11,6 @@ running `steps_per_loop` steps in a tf.while_loop, each reading
 or summaries.
 """
 
-import time
 from collections.abc import Callable
 
 import keras
@@ -89,10 +88,7 @@ def ctl_config(**overrides) -> ml_collections.ConfigDict:
   config.task = 'benchmarks.user_task:MLPTask'
   config.batch_size = BATCH_SIZE
   config.total_steps = CTL_STEPS
-  config.lock()  # A key that does not exist fails, as on the command line.
-  for key, value in overrides.items():
-    section, _, field = key.rpartition('.')
-    (config[section] if section else config)[field] = value
+  workloads.override(config, overrides)
   return config
 
 
@@ -114,23 +110,6 @@ def hand_loop_speed(measure_steps: int = MEASURE_STEPS,
   iterator = iter(make_dataset(BATCH_SIZE, tf.distribute.InputContext())
                   .repeat())
 
-  @tf.function(autograph=False)
-  def loop(num_steps):
-    def body(i, loss_sum):
-      loss = step_fn(model, optimizer, next(iterator), BATCH_SIZE)
-      return i + 1, loss_sum + loss
-
-    _, loss_sum = tf.while_loop(lambda i, _: i < num_steps, body,
-                                [tf.constant(0), tf.constant(0.0)])
-    return loss_sum / tf.cast(num_steps, tf.float32)
-
-  loop(tf.constant(steps_per_loop))  # Traces.
-
-  def measure() -> float:
-    calls = max(measure_steps // steps_per_loop, 1)
-    start = time.perf_counter()
-    for _ in range(calls):
-      float(loop(tf.constant(steps_per_loop)))  # The log line's loss.
-    return calls * steps_per_loop / (time.perf_counter() - start)
-
-  return measure
+  return workloads.graph_loop_speed(
+      lambda batch: step_fn(model, optimizer, batch, BATCH_SIZE), iterator,
+      measure_steps, steps_per_loop)

@@ -80,7 +80,7 @@ class Checkpointer:
       if not tf.io.gfile.exists(f'{path}.index'):
         logging.warning('Checkpoint %s has no files (moved away?): not '
                         'resuming from it.', path)
-      elif not self._is_whole(int(path.rsplit('-', 1)[1])):
+      elif not self._is_whole(step_of(path)):
         logging.warning('Checkpoint %s lacks a worker\'s data position (a '
                         'worker was killed while saving it): not resuming '
                         'from it.', path)
@@ -112,7 +112,7 @@ class Checkpointer:
           f'cannot be read: {summary(error)}\nIt was left untouched. '
           f'{self._how_to_resume_before(path)}Resume it with the config that '
           'wrote it, or train in a new --workdir.') from error
-    self._last_saved_step = int(path.rsplit('-', 1)[1])  # ckpt-<step>
+    self._last_saved_step = step_of(path)
     logging.info('Restored %s', path)
     return path
 
@@ -167,6 +167,11 @@ class Checkpointer:
     """Returns once every checkpoint saved so far is completely written."""
     if self._options is not None:
       self._checkpoint.sync()
+
+
+def step_of(path: str) -> int:
+  """The step of a checkpoint path: every checkpoint is named ckpt-<step>."""
+  return int(path.rsplit('-', 1)[1])
 
 
 def _check_state_file(directory: str) -> None:

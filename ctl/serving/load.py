@@ -18,9 +18,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
-from ctl import tasks
 from ctl.runtime import distribution
-from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import best as best_lib
@@ -111,12 +109,8 @@ def find_checkpoint(workdir: str, which: str = 'best') -> tuple[str, str]:
 def restore(config: ml_collections.ConfigDict, path: str,
             strategy: tf.distribute.Strategy | None = None) -> LoadedRun:
   """Builds config's task on this process's devices and restores `path`."""
-  task_class = tasks.resolve(config.task)
-  tf_internals.apply_fixes()
-  strategy = strategy or distribution.local_strategy(config.distribution)
-  assembled = assemble_lib.assemble(config, strategy,
-                                    distribution.Task(None, 0, 1, True),
-                                    task_class)
+  assembled = assemble_lib.assemble_locally(
+      config, strategy or distribution.local_strategy(config.distribution))
   assembled.restore(path)
   return LoadedRun(config, assembled.task, int(assembled.state.step.numpy()),
                    path)

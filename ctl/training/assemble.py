@@ -14,9 +14,11 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
+from ctl import tasks
 from ctl.data import inputs
 from ctl.runtime import checkpointing
 from ctl.runtime import distribution
+from ctl.runtime import tf_internals
 from ctl.training import state as state_lib
 
 
@@ -71,6 +73,16 @@ def assemble(config: ml_collections.ConfigDict,
     task.build()
     state = state_lib.TrainState()
   return Assembled(task, state, length, context, train_data)
+
+
+def assemble_locally(config: ml_collections.ConfigDict,
+                     strategy: tf.distribute.Strategy) -> Assembled:
+  """config's task, built as one process of its own on `strategy` (this
+  process's devices): for evaluation, export and ctl.load."""
+  task_class = tasks.resolve(config.task)
+  tf_internals.apply_fixes()
+  return assemble(config, strategy, distribution.Task(None, 0, 1, True),
+                  task_class)
 
 
 def training_length(config, train_data, local_replicas: int,

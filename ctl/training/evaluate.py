@@ -23,11 +23,10 @@ import tensorflow as tf
 
 from ctl import config as config_lib
 from ctl import errors
-from ctl import tasks
+from ctl.runtime import checkpointing
 from ctl.runtime import distribution
 from ctl.runtime import preemption
 from ctl.runtime import summaries
-from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import best as best_lib
@@ -133,7 +132,7 @@ def _listed(directory: str) -> list[tuple[int, str]]:
     return []
   paths = [path if os.path.isabs(path) else os.path.join(directory, path)
            for path in state.all_model_checkpoint_paths]
-  return sorted((int(path.rsplit('-', 1)[1]), path) for path in paths)
+  return sorted((checkpointing.step_of(path), path) for path in paths)
 
 
 class _SideEvaluation:
@@ -141,16 +140,12 @@ class _SideEvaluation:
 
   def __init__(self, config, workdir, strategy=None):
     config_lib.validate(config)
-    task_class = tasks.resolve(config.task)
-    tf_internals.apply_fixes()
     if config.deterministic:
       tf.config.experimental.enable_op_determinism()
-    if strategy is None:
-      strategy = distribution.local_strategy(config.distribution)
+    strategy = strategy or distribution.local_strategy(config.distribution)
     self._workdir = workdir
     self._eval_dir = workdir_lib.summary_dir(workdir, 'eval')
-    self._assembled = assemble_lib.assemble(
-        config, strategy, distribution.Task(None, 0, 1, True), task_class)
+    self._assembled = assemble_lib.assemble_locally(config, strategy)
     self.total_steps = self._assembled.length.total_steps
     self._evaluator = evaluation.Evaluator(
         strategy=strategy, task=self._assembled.task,
@@ -176,7 +171,7 @@ class _SideEvaluation:
     Returns:
       The results, or None when the checkpoint was gone before it was read.
     """
-    step = int(path.rsplit('-', 1)[1])
+    step = checkpointing.step_of(path)
     reading = os.path.join(self._eval_dir, '.reading')
     os.makedirs(reading, exist_ok=True)
     snapshot = os.path.join(reading, f'ckpt-{step}')
