@@ -12,7 +12,9 @@ epoch as long as the run, so that it evaluates only after the last step,
 as the hand-written loop never does. The hand-written loop is the fair
 equivalent of ctl's: a tf.function running `steps_per_loop` steps in a
 tf.while_loop, each reading `next(iterator)`, the loss summed for a log
-line; no metrics read, no checkpoints or summaries.
+line; no metrics read, no checkpoints or summaries. Each is a fresh run
+of CTL_STEPS steps, timed over its second half, in a process of its own
+(benchmarks/isolated.py says why).
 
 The save cost is that of ctl's own `DataPositions.save` of the training
 iterator mid-epoch, as ctl writes it beside each checkpoint: milliseconds
@@ -41,8 +43,7 @@ from ctl.runtime import checkpointing
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / (
     'digits_tfrecord.py')
 NUM_SHARDS = 4
-CTL_STEPS = 6000  # A ctl run; its second half is measured.
-MEASURE_STEPS = 3000  # Steps per measurement of the hand-written loop.
+CTL_STEPS = 6000  # A run; its second half is measured.
 
 
 def load_config() -> ml_collections.ConfigDict:
@@ -76,7 +77,8 @@ def ctl_config(directory: str, **overrides) -> ml_collections.ConfigDict:
 
 
 def ctl_speed(directory: str, **overrides) -> Callable[[], float]:
-  """(a) ctl running the task, a fresh run each call: its steady steps/s."""
+  """(a) ctl running the task, a fresh run each call: its steady steps/s
+  (over the second half of its steps)."""
   return lambda: workloads.run_speed(ctl_config(directory, **overrides))
 
 
@@ -90,25 +92,25 @@ def _task_and_data(directory: str) -> tuple[task_lib.Task, tf.data.Dataset]:
   return task, dataset
 
 
-def hand_loop_speed(directory: str, measure_steps: int = MEASURE_STEPS,
+def hand_loop_speed(directory: str, total_steps: int = CTL_STEPS,
                     steps_per_loop: int = 100) -> Callable[[], float]:
-  """(b) The same pipeline and step in a hand-written loop.
-
-  Repeated calls go on with the same model and iterator. One untimed
-  measurement first: tf.data's autotuning settles, as it has in the half
-  of ctl's run that ctl leaves out.
+  """(b) The same pipeline and step in a hand-written loop, built afresh at
+  each call, as ctl's run is: its steps/s over the second half of
+  total_steps (the first half untimed, as ctl's measurement leaves it out).
   """
-  task, dataset = _task_and_data(directory)
-  with tf.device('/cpu:0'):  # Where ctl makes its iterator.
-    iterator = iter(dataset)
-  ctx = task_lib.StepContext(global_batch_size=task.config.batch_size,
-                             step=tf.constant(0, tf.int64),
-                             seed=task.config.seed, training=True)
+  def measure() -> float:
+    task, dataset = _task_and_data(directory)
+    with tf.device('/cpu:0'):  # Where ctl makes its iterator.
+      iterator = iter(dataset)
+    ctx = task_lib.StepContext(global_batch_size=task.config.batch_size,
+                               step=tf.constant(0, tf.int64),
+                               seed=task.config.seed, training=True)
+    half = workloads.graph_loop_speed(
+        lambda batch: task.train_step(batch, ctx)['loss'], iterator,
+        total_steps // 2, steps_per_loop)
+    half()
+    return half()
 
-  measure = workloads.graph_loop_speed(
-      lambda batch: task.train_step(batch, ctx)['loss'], iterator,
-      measure_steps, steps_per_loop)
-  measure()
   return measure
 
 

@@ -53,7 +53,7 @@ def test_every_contender_trains_and_reports_a_speed():
                   bw.keras_fit_speed(tiny, 10),
                   bw.keras_fit_speed(tiny, 10, jit_compile=True),
                   user_task.ctl_speed(total_steps=300),
-                  user_task.hand_loop_speed(measure_steps=200)):
+                  user_task.hand_loop_speed(total_steps=300)):
     assert measure() > 0
   assert bw.tf_data_element_microseconds(100) > 0
   assert bw.report_milliseconds('ctl', 2) > 0
@@ -65,7 +65,12 @@ def test_the_tfrecord_contenders_train_and_the_data_save_is_measured(
   directory = str(tmp_path / 'shards')
   tfrecord.write_shards(directory)
   assert tfrecord.ctl_speed(directory, total_steps=300)() > 0
-  assert tfrecord.hand_loop_speed(directory, measure_steps=200)() > 0
+  assert tfrecord.hand_loop_speed(directory, total_steps=300)() > 0
+  # As the section measures them: in a process of their own.
+  in_a_process = bench._in_fresh_processes(  # pylint: disable=protected-access
+      'benchmarks.tfrecord:hand_loop_speed', directory=directory,
+      total_steps=300)
+  assert in_a_process() > 0
   milliseconds, size = tfrecord.data_position_save(directory, saves=2,
                                                    steps_between=5)
   assert len(milliseconds) == 2 and min(milliseconds) > 0
@@ -87,6 +92,13 @@ def test_targets_say_whether_they_are_met():
   assert bench.Target('a', 0.5, 1.0, at_most=True).row().endswith('| met |')
   assert bench.Target('a', 2.0, 1.0, at_most=True).row().endswith(
       '| NOT met |')
+
+
+def test_ratios_pair_the_measurements_of_each_repetition():
+  ours = bench.Measured('ours', 1, [300, 120, 150])
+  theirs = bench.Measured('theirs', 1, [100, 60, 300])
+  assert ours.ratio_to(theirs) == 2.0  # Pairs: 3, 2, 0.5.
+  assert ours.median / theirs.median == 1.5
 
 
 def test_markdown_keeps_what_surrounds_the_generated_section(tmp_path):
