@@ -130,10 +130,10 @@ class TFDSSource(tfrecord.TFRecordSource):
   """
 
   def __init__(self, builder: Any, split: str, keys: Sequence[str]):
-    # Not TFRecordSource.__init__, which reads every record to count them
-    # and check their CRCs: TFDS counted the split's records when it
-    # prepared them (its metadata), and a large dataset would take minutes
-    # to read through at every start.
+    # Not TFRecordSource.__init__, which globs a pattern and counts the
+    # records of files it has no counts for: TFDS counted the split's
+    # records when it prepared them (its metadata), and a large dataset
+    # would take minutes to read through at every start.
     info = builder.info
     self._features = {key: fixed_size_feature(info, key) for key in keys}
     self.pattern = f'{builder.data_dir} (split {split!r})'
@@ -143,6 +143,7 @@ class TFDSSource(tfrecord.TFRecordSource):
     tfrecord.check_spec(self.files[0], self.spec)
     if not sum(self.counts):
       raise errors.CtlError(f'{self.pattern} holds no records.')
+    tfrecord.track(self)  # A corrupt record is named when training reads it.
 
   def decode_features(self, parsed: dict[str, tf.Tensor]
                       ) -> dict[str, tf.Tensor]:

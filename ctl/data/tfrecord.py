@@ -32,14 +32,21 @@ and why:
   with it failed, "InternalError: Expected 1 components but got 0".)
 
 Files are checked at start: a glob that matches nothing, a missing
-directory, a corrupt file (every record is read once to count it, which
-checks its CRC: tf.data's own DataLossError names no file) and a feature
-spec that the records do not match each raise a CtlError naming them.
+directory and a feature spec that a file's first record does not match
+each raise a CtlError naming them. Each file's records are counted, which
+reads it through and checks its CRCs, unless the writer recorded its count
+and size (`ctl.data.write_tfrecords` does, in features.json; TFDS in its
+metadata) and the size is unchanged: reading a large dataset through
+would take minutes at every start. A record found corrupt (or not matching
+the spec) during training stops the run at that record: `data_error`
+then reads the files of this process's sources to name the one at fault
+(tf.data's own DataLossError names no file).
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 import os
 from typing import Any
+import weakref
 
 from absl import logging
 import tensorflow as tf
@@ -56,6 +63,9 @@ Decode = Callable[[dict[str, tf.Tensor], tf.Tensor | None], Any]
 # The tf.train.Feature kind that holds each dtype's values.
 _KINDS = {tf.string: 'bytes_list', tf.int64: 'int64_list',
           tf.float32: 'float_list'}
+
+# The sources this process made, for data_error to look through.
+_SOURCES = weakref.WeakSet()
 
 
 def spec_from_json(features: Mapping[str, Mapping[str, Any]]) -> dict[
@@ -161,22 +171,39 @@ class TFRecordSource:
     pattern: a glob of the files (any tf.io.gfile path).
     spec: {feature name: tf.io.FixedLenFeature}, as tf.io.parse_example
       takes it.
+    known_counts: {file name: {'records': N, 'bytes': size}} as the writer
+      recorded them (features.json's "files"): a file of that name and size
+      is not read through to count its records.
 
   Raises:
-    CtlError: for a missing directory, no matching file, a corrupt file,
-      or a spec the records do not match.
+    CtlError: for a missing directory, no matching file, a corrupt file
+      (among those read through), or a spec the first file does not match.
   """
 
-  def __init__(self, pattern: str, spec: FeatureSpec):
+  def __init__(self, pattern: str, spec: FeatureSpec,
+               known_counts: Mapping[str, Mapping[str, int]] | None = None):
     self.pattern = pattern
     self.spec = dict(spec)
     self.files = find_files(pattern)
     check_spec(self.files[0], self.spec)
-    # Counting reads every record once: it finds corrupt files now, with
-    # their names, and tells how many batches each pipeline can fill.
-    self.counts = [count_records(path) for path in self.files]
+    # How many batches each pipeline can fill. Reading a file through to
+    # count it also finds a corrupt one now, with its name.
+    self.counts = [_known_count(path, known_counts or {})
+                   or count_records(path) for path in self.files]
     if not sum(self.counts):
       raise errors.CtlError(f'The files {pattern!r} hold no records.')
+    track(self)
+
+  def find_fault(self) -> errors.CtlError | None:
+    """The error of the first file that is corrupt or whose first record
+    does not match the spec, read through now; None when all are whole."""
+    for path in self.files:
+      try:
+        check_spec(path, self.spec)
+        count_records(path)
+      except errors.CtlError as error:
+        return error
+    return None
 
   def __len__(self) -> int:
     return sum(self.counts)
@@ -300,6 +327,54 @@ class TFRecordSource:
     return self.files, True
 
 
+def track(source: TFRecordSource) -> None:
+  """Makes data_error look through source's files (every TFRecordSource
+  is tracked from its construction)."""
+  _SOURCES.add(source)
+
+
+def data_error(error: tf.errors.OpError,
+               sources: Iterable[TFRecordSource] | None = None
+               ) -> errors.CtlError | None:
+  """What an error that stopped training means when it is about the data.
+
+  A DataLossError (a corrupt record), or an InvalidArgumentError from
+  parsing, names no file. The files of the sources (by default, this
+  process's) are read through now, and the error names the first one that
+  is corrupt or does not match its spec.
+
+  Returns:
+    That CtlError; for a DataLossError of no source's file (a task's own
+    pipeline), one that says so; None for any other error.
+  """
+  data_loss = isinstance(error, tf.errors.DataLossError)
+  message = error.message.lower()
+  if not data_loss and not (isinstance(error, tf.errors.InvalidArgumentError)
+                            and ('parse' in message or 'feature' in message)):
+    return None
+  for source in list(_SOURCES if sources is None else sources):
+    fault = source.find_fault()
+    if fault is not None:
+      return errors.CtlError(f'Training read a bad record: {fault} Nothing '
+                             'was saved after the latest checkpoint.')
+  if not data_loss:
+    return None
+  return errors.CtlError(
+      f'Training read a corrupt record ({_reason(error)}) through the task\'s '
+      'own pipeline, which does not say from which file: check each file, '
+      'e.g. with ctl.data.tfrecord.count_records(path). Nothing was saved '
+      'after the latest checkpoint.')
+
+
+def _known_count(path: str, known: Mapping[str, Mapping[str, int]]
+                 ) -> int | None:
+  """The writer's record count for path, if it recorded path's size."""
+  entry = known.get(os.path.basename(path))
+  if entry is None or tf.io.gfile.stat(path).length != entry['bytes']:
+    return None
+  return int(entry['records'])
+
+
 def _pipeline_records(counts: Sequence[int], num_pipelines: int,
                       pipeline: int) -> int:
   """The records one pipeline reads, sharded as _pipeline_files does."""
@@ -314,6 +389,12 @@ def _local_replicas(context: tf.distribute.InputContext) -> int:
 
 
 def _reason(error: tf.errors.OpError) -> str:
-  """An op error's message without TensorFlow's function and op names."""
-  message = error.message.strip().splitlines()[0]
+  """An op error's message without TensorFlow's function and op names, nor
+  the traceback of a graph's ("Graph execution error: Detected at node
+  ...")."""
+  lines = [line.strip() for line in error.message.splitlines()
+           if line.strip() and not line.startswith((' ', '\t'))
+           and not line.startswith(('Graph execution error',
+                                    'Detected at node'))]
+  message = lines[-1] if lines else error.message.strip()
   return message.split('}}')[-1].split('[Op:')[0].strip()

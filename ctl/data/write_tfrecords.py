@@ -11,7 +11,12 @@ which describes them:
     {"features": {"image": {"dtype": "string", "shape": []},
                   "label": {"dtype": "int64", "shape": []}},
      "image_shape": [8, 8], "image_dtype": "uint8", "feature_scale": 0.0625,
-     "num_classes": 10, "splits": {"train": {"num_examples": 1437, ...}}}
+     "num_classes": 10, "splits": {"train": {"num_examples": 1437,
+     "files": {"train-00000-of-00004.tfrecord": {"records": 360,
+                                                "bytes": 40680}, ...}}}}
+
+Readers take each file's record count from there while its size is the
+one recorded, instead of reading the file through to count it.
 
 The files are written to a temporary directory beside the output and
 renamed to it at the end: a reader never sees half-written shards, and two
@@ -82,14 +87,17 @@ def write(data: datasets.Data, output: str, num_shards: int,
         'splits': {},
     }
     for split_name, split in zip(SPLITS, (data.train, data.eval)):
+      files = {}  # Each shard's records and bytes: readers need not count.
       for shard in range(num_shards):
-        _write_shard(os.path.join(scratch, shard_name(split_name, shard,
-                                                      num_shards)),
-                     split.features[shard::num_shards],
-                     split.labels[shard::num_shards])
+        name = shard_name(split_name, shard, num_shards)
+        labels = split.labels[shard::num_shards]
+        _write_shard(os.path.join(scratch, name),
+                     split.features[shard::num_shards], labels)
+        files[name] = {'records': len(labels), 'bytes': os.path.getsize(
+            os.path.join(scratch, name))}
       metadata['splits'][split_name] = {
           'pattern': split_pattern(split_name), 'num_shards': num_shards,
-          'num_examples': len(split)}
+          'num_examples': len(split), 'files': files}
     # Written last: a directory with features.json is whole.
     with open(os.path.join(scratch, METADATA), 'w') as file:
       json.dump(metadata, file, indent=2)

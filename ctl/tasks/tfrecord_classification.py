@@ -111,7 +111,8 @@ class TFRecordClassification(classification.Classification):
     return self._info
 
   def _source(self, split: str) -> tfrecord.TFRecordSource:
-    """A split's files, checked (every record is read once), made once."""
+    """A split's files, checked, made once; the record counts that
+    features.json holds are not counted again."""
     attribute = f'_{split}_source'
     if not hasattr(self, attribute):
       directory = self._directory()
@@ -121,7 +122,8 @@ class TFRecordClassification(classification.Classification):
           settings.eval_pattern)
       setattr(self, attribute, tfrecord.TFRecordSource(
           os.path.join(directory, pattern),
-          tfrecord.spec_from_json(metadata['features'])))
+          tfrecord.spec_from_json(metadata['features']),
+          known_counts=metadata['splits'].get(split, {}).get('files')))
     return getattr(self, attribute)
 
   def _directory(self) -> str:

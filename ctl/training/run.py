@@ -19,6 +19,7 @@ from ctl import errors
 from ctl import task as task_lib
 from ctl import tasks
 from ctl.data import inputs
+from ctl.data import tfrecord
 from ctl.runtime import checkpointing
 from ctl.runtime import distribution
 from ctl.runtime import periodic
@@ -103,7 +104,10 @@ def train_and_evaluate(
           'after the latest checkpoint in '
           f'{workdir_lib.checkpoint_dir(workdir)}; restart every worker to '
           'resume from it.') from error
-    except tf.errors.InvalidArgumentError as error:
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+      data_error = tfrecord.data_error(error)
+      if data_error is not None:
+        raise data_error from error
       reason = xla.failure(error)
       if reason is None:
         raise

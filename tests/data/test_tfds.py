@@ -5,6 +5,7 @@ errors for what is missing."""
 
 import collections
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -194,6 +195,27 @@ def test_missing_data_is_one_error_line_and_nothing_is_written(tmp_path):
   assert 'download_and_prepare()' in lines[0]
   assert 'Traceback' not in done.stderr
   assert not (tmp_path / 'work').exists()
+
+
+def test_a_corrupt_record_stops_training_with_its_file_named(data_dir,
+                                                              tmp_path):
+  # TFDS's metadata counts the records: the files are not read through at
+  # start, and the bad record is named when training reads it.
+  copy = tmp_path / 'tensorflow_datasets'
+  shutil.copytree(data_dir, copy)
+  path = sorted(copy.glob(f'{tfds_tiny.NAME}/*/*-train.tfrecord-*'))[1]
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  path.write_bytes(bytes(data))
+  done = helpers.run_ctl(*_args(copy, tmp_path / 'work'))
+  assert done.returncode == errors.EXIT_FAILURE, done.stderr[-3000:]
+  lines = [line for line in done.stderr.splitlines()
+           if line.startswith('ctl: error:')]
+  assert len(lines) == 1, done.stderr[-3000:]
+  assert re.search(rf'Training read a bad record: .*{re.escape(path.name)} '
+                   'is not a whole TFRecord file', lines[0]), lines[0]
+  assert 'Traceback' not in done.stderr
+  assert not (tmp_path / 'work' / 'results.json').exists()
 
 
 TOTAL_STEPS = 44  # 2 epochs of 1438 // 64 steps.

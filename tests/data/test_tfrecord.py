@@ -273,17 +273,62 @@ def test_bad_input_stops_the_task_before_anything_is_written(
   assert not (tmp_path / 'work').exists()
 
 
-def test_a_corrupt_shard_stops_the_task_before_anything_is_written(tmp_path):
+def _shards(tmp_path):
+  """The digits as 2 shards per split, written as the config writes them."""
   write_tfrecords.write(datasets.load_digits(helpers.digits().data),
                         str(tmp_path / 'shards'), 2, 'digits')
-  path = tmp_path / 'shards' / 'train-00001-of-00002.tfrecord'
+  return tmp_path / 'shards' / 'train-00001-of-00002.tfrecord'
+
+
+def test_a_shard_corrupted_in_place_stops_training_at_its_record_naming_it(
+    tmp_path):
+  # Its size is what features.json recorded: it is not read through at
+  # start (so a large dataset starts at once), but at its bad record.
+  path = _shards(tmp_path)
   data = bytearray(path.read_bytes())
   data[1000] ^= 0xFF
   path.write_bytes(bytes(data))
+  with pytest.raises(errors.CtlError, match=(
+      r'Training read a bad record: .*train-00001-of-00002.tfrecord is not '
+      r'a whole TFRecord file: corrupted record at \d+')):
+    run.train_and_evaluate(_smoke(tmp_path), str(tmp_path / 'work'))
+  assert not (tmp_path / 'work' / 'results.json').exists()
+  assert not list((tmp_path / 'work').glob('checkpoints/ckpt-*'))
+
+
+def test_a_shard_of_another_size_is_read_through_before_anything_is_written(
+    tmp_path):
+  path = _shards(tmp_path)
+  path.write_bytes(path.read_bytes()[:-7])
   with pytest.raises(errors.CtlError, match='train-00001-of-00002.tfrecord '
                      'is not a whole TFRecord file'):
     run.train_and_evaluate(_smoke(tmp_path), str(tmp_path / 'work'))
   assert not (tmp_path / 'work').exists()
+
+
+def test_recorded_counts_are_used_only_for_files_of_the_recorded_size(
+    tmp_path):
+  pattern = _write_files(tmp_path)
+  size = os.path.getsize(tmp_path / 'part-0.tfrecord')
+  source = tfrecord.TFRecordSource(pattern, SPEC, known_counts={
+      'part-0.tfrecord': {'records': 999, 'bytes': size},  # Not read.
+      'part-1.tfrecord': {'records': 999, 'bytes': size + 1}})  # Counted.
+  assert source.counts == [999, 12, 12, 12]
+
+
+def test_a_corrupt_record_of_a_task_s_own_pipeline_is_a_clear_error(
+    tmp_path):
+  graph_error = ('Graph execution error:\n\nDetected at node while/'
+                 'IteratorGetNext defined at (most recent call last):\n  '
+                 'File "x.py", line 13, in <module>\n\ncorrupted record at '
+                 '940\n\t [[{{node while/IteratorGetNext}}]] [Op:__inference_f]')
+  error = tfrecord.data_error(tf.errors.DataLossError(None, None, graph_error),
+                              sources=[])
+  assert str(error).startswith(
+      "Training read a corrupt record (corrupted record at 940) through the "
+      "task's own pipeline")
+  assert tfrecord.data_error(tf.errors.InvalidArgumentError(
+      None, None, 'Incompatible shapes'), sources=[]) is None
 
 
 TOTAL_STEPS = 88  # The smoke config: 2 epochs of 44 steps.
