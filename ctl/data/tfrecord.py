@@ -122,6 +122,41 @@ def count_records(path: str) -> int:
         'it or remove it from the glob.') from error
 
 
+def parse_records(path: str, spec: FeatureSpec) -> None:
+  """Reads a file through: its CRCs, and every record parsed with spec.
+
+  Raises:
+    CtlError: naming the file, when it is not a whole TFRecord file or a
+      record of it does not parse (and which record).
+  """
+  count = count_records(path)
+
+  def first_gap(state, index, features):
+    del features  # Parsed (a record that does not parse is dropped).
+    expected, gap = state
+    return index + 1, tf.where((gap < 0) & (index != expected), expected, gap)
+
+  parsed = tf.data.TFRecordDataset(path).enumerate().map(
+      lambda index, record: (index, tf.io.parse_single_example(record, spec))
+  ).ignore_errors()
+  end, gap = parsed.reduce(
+      (tf.constant(0, tf.int64), tf.constant(-1, tf.int64)),
+      lambda state, element: first_gap(state, *element))
+  bad = int(gap) if int(gap) >= 0 else (int(end) if int(end) < count
+                                        else None)
+  if bad is None:
+    return
+  record = next(iter(tf.data.TFRecordDataset(path).skip(bad).take(1)))
+  try:
+    tf.io.parse_single_example(record, spec)
+    reason = 'it does not parse'
+  except tf.errors.InvalidArgumentError as error:
+    reason = _reason(error)
+  raise errors.CtlError(
+      f'Record {bad} of {path} does not match the feature spec: '
+      f'{reason.rstrip(".")}.')
+
+
 def check_spec(path: str, spec: FeatureSpec) -> None:
   """Checks that the first record of a file has every feature of spec,
   of its dtype and size.
@@ -195,12 +230,12 @@ class TFRecordSource:
     track(self)
 
   def find_fault(self) -> errors.CtlError | None:
-    """The error of the first file that is corrupt or whose first record
-    does not match the spec, read through now; None when all are whole."""
+    """The error of the first file that is corrupt or holds a record the
+    spec does not parse, read through now; None when all are whole."""
     for path in self.files:
       try:
         check_spec(path, self.spec)
-        count_records(path)
+        parse_records(path, self.spec)
       except errors.CtlError as error:
         return error
     return None

@@ -316,6 +316,28 @@ def test_recorded_counts_are_used_only_for_files_of_the_recorded_size(
   assert source.counts == [999, 12, 12, 12]
 
 
+def test_a_record_that_does_not_parse_mid_file_is_named_when_read(tmp_path):
+  pattern = _write_files(tmp_path)
+  # Record 5 of part-2 holds its label as a float: the checks at start
+  # (the first file's first record) pass; training fails at that record.
+  records = list(tf.data.TFRecordDataset(str(tmp_path / 'part-2.tfrecord'))
+                 .as_numpy_iterator())
+  example = tf.train.Example.FromString(records[5])
+  example.features.feature['label'].ClearField('int64_list')
+  example.features.feature['label'].float_list.value.append(2005.0)
+  records[5] = example.SerializeToString()
+  with tf.io.TFRecordWriter(str(tmp_path / 'part-2.tfrecord')) as writer:
+    for record in records:
+      writer.write(record)
+  source = tfrecord.TFRecordSource(pattern, SPEC)
+  with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+    _labels(_train(pattern, batch=4))
+  error = tfrecord.data_error(raised.value, sources=[source])
+  assert re.search(r"Record 5 of .*part-2\.tfrecord does not match the "
+                   r"feature spec: Key: label\. +Data types don't match",
+                   str(error)), error
+
+
 def test_a_corrupt_record_of_a_task_s_own_pipeline_is_a_clear_error(
     tmp_path):
   graph_error = ('Graph execution error:\n\nDetected at node while/'
