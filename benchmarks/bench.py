@@ -120,8 +120,9 @@ def main(argv: list[str]) -> None:
                          f'{", ".join(_SECTION_FUNCTIONS)}.')
   started = time.monotonic()
   report = [f'Measured {datetime.date.today()} on {_machine()}; '
-            f'{_REPETITIONS.value} repetitions each ({_PARITY_REPETITIONS} '
-            'where the target is parity), interleaved.', '']
+            f'{_REPETITIONS.value} repetitions each ('
+            f'{max(_PARITY_REPETITIONS, _REPETITIONS.value)} where the target '
+            'is parity), interleaved.', '']
   targets = []
   for section in _SECTIONS.value:
     text, section_targets = _SECTION_FUNCTIONS[section]()
