@@ -383,9 +383,11 @@ def data_error(error: tf.errors.OpError,
     pipeline), one that says so; None for any other error.
   """
   data_loss = isinstance(error, tf.errors.DataLossError)
-  message = error.message.lower()
-  if not data_loss and not (isinstance(error, tf.errors.InvalidArgumentError)
-                            and ('parse' in message or 'feature' in message)):
+  # ParseExample's errors: "Key: label.  Data types don't match. ...",
+  # "Feature: label (data type: int64) is required but could not be found."
+  if not data_loss and not (
+      isinstance(error, tf.errors.InvalidArgumentError) and
+      _reason(error).startswith(('Key: ', 'Feature: '))):
     return None
   for source in list(_SOURCES if sources is None else sources):
     fault = source.find_fault()
