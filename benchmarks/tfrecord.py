@@ -105,11 +105,9 @@ def hand_loop_speed(directory: str, total_steps: int = CTL_STEPS,
     ctx = task_lib.StepContext(global_batch_size=task.config.batch_size,
                                step=tf.constant(0, tf.int64),
                                seed=task.config.seed, training=True)
-    half = workloads.graph_loop_speed(
+    return workloads.second_half_speed(
         lambda batch: task.train_step(batch, ctx)['loss'], iterator,
-        total_steps // 2, steps_per_loop)
-    half()
-    return half()
+        total_steps, steps_per_loop)
 
   return measure
 

@@ -110,10 +110,8 @@ def hand_loop_speed(total_steps: int = CTL_STEPS,
     # Repeated as ctl repeats a task's finite dataset.
     iterator = iter(make_dataset(BATCH_SIZE, tf.distribute.InputContext())
                     .repeat())
-    half = workloads.graph_loop_speed(
+    return workloads.second_half_speed(
         lambda batch: step_fn(model, optimizer, batch, BATCH_SIZE), iterator,
-        total_steps // 2, steps_per_loop)
-    half()
-    return half()
+        total_steps, steps_per_loop)
 
   return measure

@@ -47,10 +47,11 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
     # evaluated the last checkpoint: the best is known only then.
     if task_info.task_type == 'evaluator':
       export_lib.export_run(config, workdir)
+    elif task_info.has_evaluator:
+      return
     elif task_info.is_chief:
-      if not task_info.has_evaluator:
-        export_lib.export_run(config, workdir)
-    elif not task_info.has_evaluator:
+      export_lib.export_run(config, workdir)
+    else:
       _export_beside_the_chief(config, workdir)
 
   return run_lib.train_and_evaluate(config, workdir, on_finish=export_at_end)

@@ -90,20 +90,14 @@ def _snapshot(workdir: str, checkpoint: str, directory: str,
   Returns:
     (its path, 'best' | 'latest' | 'named', the snapshot's path).
   """
-  attempt = 1
-  while True:
+  for _ in range(attempts):
     path, which = load_lib.find_checkpoint(workdir, checkpoint)
     snapshot = os.path.join(directory, os.path.basename(path))
-    try:
-      best_lib.copy_checkpoint(path, snapshot)
+    if best_lib.snapshot_checkpoint(path, snapshot):
       return path, which, snapshot
-    except (FileNotFoundError, tf.errors.NotFoundError):
-      best_lib.remove_checkpoint(snapshot)
-      if attempt == attempts:
-        raise errors.CtlError(
-            f'Checkpoint {path} was deleted while it was being exported, '
-            f'{attempts} times: run --mode=export again.') from None
-      attempt += 1
+  raise errors.CtlError(
+      f'Checkpoint {path} was deleted while it was being exported, '
+      f'{attempts} times: run --mode=export again.')
 
 
 def _write(task: task_lib.Task, directory: str) -> None:

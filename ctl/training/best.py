@@ -165,6 +165,18 @@ def copy_checkpoint(source: str, destination: str) -> None:
       tf.io.gfile.copy(file, target, overwrite=True)
 
 
+def snapshot_checkpoint(source: str, destination: str) -> bool:
+  """copy_checkpoint for a checkpoint that may be deleted meanwhile
+  (rotated away, or a best replaced): False, with nothing left at
+  destination, when its files were gone before they were all linked."""
+  try:
+    copy_checkpoint(source, destination)
+    return True
+  except (FileNotFoundError, tf.errors.NotFoundError):
+    remove_checkpoint(destination)
+    return False
+
+
 def remove_checkpoint(prefix: str) -> None:
   for file in tf.io.gfile.glob(f'{prefix}.*'):
     tf.io.gfile.remove(file)

@@ -175,10 +175,7 @@ class _SideEvaluation:
     reading = os.path.join(self._eval_dir, '.reading')
     os.makedirs(reading, exist_ok=True)
     snapshot = os.path.join(reading, f'ckpt-{step}')
-    try:
-      best_lib.copy_checkpoint(path, snapshot)
-    except (FileNotFoundError, tf.errors.NotFoundError):
-      best_lib.remove_checkpoint(snapshot)
+    if not best_lib.snapshot_checkpoint(path, snapshot):
       logging.warning('Skipped checkpoint %s: it was deleted (rotated away '
                       'by keep_checkpoints) before it could be read.', path)
       return None
