@@ -8,17 +8,18 @@ Run from the repository root. For each workload it measures, interleaved,
   (d) Keras 3 Model.fit with each steps_per_execution, the best kept;
   (e) with 2 workers, ctl against the code of TensorFlow's multi-worker
       custom-training-loop tutorial (benchmarks/tutorial.py);
-then, each contender a fresh run in a process of its own
-(benchmarks/isolated.py), a user's own task reading a tf.data pipeline
+then, two fresh processes at a time taking turns of a few seconds
+(benchmarks/timeslice.py), a user's own task reading a tf.data pipeline
 against a hand-written loop of the same step over the same pipeline
 (benchmarks/user_task.py) and ctl's TFRecord task against a hand-written
 loop over the same files and step, with what saving its data position
 costs (benchmarks/tfrecord.py); then what checkpoint saves cost, the
 time from process start to the first training step against a bare script,
-and two fixed costs behind ctl's design. It prints min/median/max, and against each target the median of
-the repetitions' ratios (each repetition measures the contenders a minute
-apart, under the same load); with --markdown it rewrites that file's
-generated section.
+and two fixed costs behind ctl's design. It prints min/median/max, and
+against each target the median of paired ratios: of the repetitions (each
+measures the contenders a minute apart, under the same load), or for the
+turns, of adjacent windows (seconds apart); with --markdown it rewrites
+that file's generated section.
 --sections=levers_mlp (levers_cnn, levers_two_workers) measures each
 speed option against its default.
 """
@@ -54,10 +55,12 @@ _MARKDOWN = flags.DEFINE_string(
     'between its "<!-- bench:begin -->" and "<!-- bench:end -->" lines.')
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-# Repetitions, at least, of the sections whose target is near parity (0.97x
-# a hand-written loop): a single pair of measurements here differs by up to
-# 15% either way, which a median of 3 does not settle.
-_PARITY_REPETITIONS = 7
+# Rounds, at least, of the sections whose target is near parity (0.97x a
+# hand-written loop), each two fresh processes measured in turns
+# (benchmarks/timeslice.py): one process runs up to 5% faster or slower
+# than another of the same code for its whole life, which a few rounds do
+# not settle.
+_PARITY_ROUNDS = 8
 
 # ctl's best settings per workload: the levers that helped (levers_* sections).
 BEST = {
@@ -121,8 +124,8 @@ def main(argv: list[str]) -> None:
   started = time.monotonic()
   report = [f'Measured {datetime.date.today()} on {_machine()}; '
             f'{_REPETITIONS.value} repetitions each ('
-            f'{max(_PARITY_REPETITIONS, _REPETITIONS.value)} where the target '
-            'is parity), interleaved.', '']
+            f'{max(_PARITY_ROUNDS, _REPETITIONS.value)} rounds in turns '
+            'where the target is parity), interleaved.', '']
   targets = []
   for section in _SECTIONS.value:
     text, section_targets = _SECTION_FUNCTIONS[section]()
@@ -131,7 +134,7 @@ def main(argv: list[str]) -> None:
     targets += section_targets
   if targets:
     report += ['### Targets', '',
-               '| what (median of the repetitions\' ratios) | measured | '
+               '| what (median of paired ratios) | measured | '
                'target | |',
                '| --- | --- | --- | --- |', *(t.row() for t in targets), '']
   report.append(f'The whole run took {time.monotonic() - started:.0f} s.')
@@ -273,23 +276,6 @@ def _bench_speed(output: str) -> float:
       'steps_per_second']
 
 
-def _in_fresh_processes(function: str, **kwargs) -> Callable[[], float]:
-  """Measures `function(**kwargs)()` in a new process at each call
-  (benchmarks/isolated.py); function: 'benchmarks.module:name'."""
-  command = [sys.executable, '-m', 'benchmarks.isolated', function,
-             json.dumps(kwargs)]
-
-  def measure() -> float:
-    process = subprocess.run(command, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, cwd=_REPO,
-                             check=False)
-    if process.returncode:
-      raise RuntimeError(f'{command} failed:\n{process.stdout[-3000:]}')
-    return _bench_speed(process.stdout)
-
-  return measure
-
-
 def _run_workers(command: list[str], num_workers: int = 2) -> list[str]:
   """Runs command as a localhost cluster; returns each worker's output."""
   from ctl import launch  # pylint: disable=g-import-not-at-top
@@ -305,50 +291,57 @@ def _run_workers(command: list[str], num_workers: int = 2) -> list[str]:
   return outputs
 
 
+def _in_turns(contenders: dict[str, tuple[str, dict]], batch: int,
+              ) -> tuple[list[Measured], float]:
+  """Two contenders, `benchmarks.module:function` and its keyword arguments,
+  measured in turns (benchmarks/timeslice.py): each one's windows, and the
+  median of the first's speed over the second's in adjacent windows."""
+  from benchmarks import timeslice  # pylint: disable=g-import-not-at-top
+  comparison = timeslice.compare(
+      contenders, rounds=max(_PARITY_ROUNDS, _REPETITIONS.value),
+      log=lambda line: print(line, flush=True))
+  return [Measured(name, batch, speeds)
+          for name, speeds in comparison.speeds.items()], comparison.ratio
+
+
 def _user_task() -> tuple[str, list[Target]]:
   """A user's task reading tf.data, against the same step and pipeline in a
-  hand-written loop (benchmarks/user_task.py), each in fresh processes."""
+  hand-written loop (benchmarks/user_task.py), measured in turns."""
   from benchmarks import user_task  # pylint: disable=g-import-not-at-top
-  batch = user_task.BATCH_SIZE
-  contenders = {
-      '(a) ctl, default settings: a ctl.Task of its own on tf.data': (
-          _in_fresh_processes('benchmarks.user_task:ctl_speed'), batch),
+  measured, ratio = _in_turns({
+      '(a) ctl, default settings: a ctl.Task of its own on tf.data':
+          ('benchmarks.user_task:ctl_progress', {}),
       '(b) hand-written loop: the same step and pipeline, 100 steps per '
-      'tf.function': (
-          _in_fresh_processes('benchmarks.user_task:hand_loop_speed'), batch),
-  }
-  measured = _interleaved(contenders, _PARITY_REPETITIONS)
-  ctl, hand = measured.values()
+      'tf.function': ('benchmarks.user_task:hand_loop_progress', {}),
+  }, user_task.BATCH_SIZE)
   table = _table('A user\'s task on a tf.data pipeline: the MLP (8x8 -> 128 '
-                 '-> 10), Adam, batch 64, no XLA', list(measured.values()))
+                 '-> 10), Adam, batch 64, no XLA; steps/s of each window',
+                 measured)
   return table, [Target('user task on tf.data: ctl default / hand-written loop',
-                        ctl.ratio_to(hand), 0.97)]
+                        ratio, 0.97)]
 
 
 def _tfrecord() -> tuple[str, list[Target]]:
   """ctl's TFRecord task against the same files and step in a hand-written
-  loop, each in fresh processes, and the data position's save cost
+  loop, measured in turns, and the data position's save cost
   (benchmarks/tfrecord.py)."""
   from benchmarks import tfrecord  # pylint: disable=g-import-not-at-top
   from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as directory:
     tfrecord.write_shards(directory)
-    batch = tfrecord.load_config().batch_size
-    contenders = {
+    measured, ratio = _in_turns({
         '(a) ctl, default settings: tfrecord_classification '
-        '(configs/digits_tfrecord.py)': (_in_fresh_processes(
-            'benchmarks.tfrecord:ctl_speed', directory=directory), batch),
+        '(configs/digits_tfrecord.py)': (
+            'benchmarks.tfrecord:ctl_progress', {'directory': directory}),
         '(b) hand-written loop: the same files, pipeline and step, 100 steps '
-        'per tf.function': (_in_fresh_processes(
-            'benchmarks.tfrecord:hand_loop_speed', directory=directory),
-                            batch),
-    }
-    measured = _interleaved(contenders, _PARITY_REPETITIONS)
+        'per tf.function': (
+            'benchmarks.tfrecord:hand_loop_progress', {'directory': directory}),
+    }, tfrecord.load_config().batch_size)
     milliseconds, size = tfrecord.data_position_save(
         directory, saves=4 * _REPETITIONS.value)
-  ctl, hand = measured.values()
   table = _table(f'TFRecord files: the digits CNN on {tfrecord.NUM_SHARDS} '
-                 'shards, Adam, batch 32, no XLA', list(measured.values()))
+                 'shards, Adam, batch 32, no XLA; steps/s of each window',
+                 measured)
   interval = config_lib.base_config().intervals.checkpoint_secs
   save = statistics.median(milliseconds)
   lines = [
@@ -359,8 +352,7 @@ def _tfrecord() -> tuple[str, list[Target]]:
       f'At the default interval ({interval:.0f} s) a data position save '
       f'costs {save / 1000 / interval:.4%} of wall time.']
   return f'{table}\n\n' + '\n'.join(lines), [
-      Target('TFRecord files: ctl default / hand-written loop',
-             ctl.ratio_to(hand), 0.97)]
+      Target('TFRecord files: ctl default / hand-written loop', ratio, 0.97)]
 
 
 def _checkpoints() -> tuple[str, list[Target]]:

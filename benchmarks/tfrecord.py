@@ -13,8 +13,8 @@ as the hand-written loop never does. The hand-written loop is the fair
 equivalent of ctl's: a tf.function running `steps_per_loop` steps in a
 tf.while_loop, each reading `next(iterator)`, the loss summed for a log
 line; no metrics read, no checkpoints or summaries. Each is a fresh run
-of CTL_STEPS steps, timed over its second half, in a process of its own
-(benchmarks/isolated.py says why).
+of CTL_STEPS steps in a process of its own, measured over its second half
+in turns with the other (benchmarks/timeslice.py says why).
 
 The save cost is that of ctl's own `DataPositions.save` of the training
 iterator mid-epoch, as ctl writes it beside each checkpoint: milliseconds
@@ -32,6 +32,7 @@ import ml_collections
 import tensorflow as tf
 
 from benchmarks import workloads
+from benchmarks.timeslice import Progress
 from ctl import config as config_lib
 from ctl import task as task_lib
 from ctl import tasks
@@ -43,7 +44,7 @@ from ctl.runtime import checkpointing
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / (
     'digits_tfrecord.py')
 NUM_SHARDS = 4
-CTL_STEPS = 6000  # A run; its second half is measured.
+CTL_STEPS = 6000  # A run of about 18 s; its second half is measured.
 
 
 def load_config() -> ml_collections.ConfigDict:
@@ -76,10 +77,10 @@ def ctl_config(directory: str, **overrides) -> ml_collections.ConfigDict:
   return config
 
 
-def ctl_speed(directory: str, **overrides) -> Callable[[], float]:
-  """(a) ctl running the task, a fresh run each call: its steady steps/s
-  (over the second half of its steps)."""
-  return lambda: workloads.run_speed(ctl_config(directory, **overrides))
+def ctl_progress(directory: str, **overrides) -> Callable[[], Progress]:
+  """(a) ctl running the task: a function training a fresh run and returning
+  its progress (benchmarks/timeslice.py)."""
+  return lambda: workloads.run_progress(ctl_config(directory, **overrides))
 
 
 def _task_and_data(directory: str) -> tuple[task_lib.Task, tf.data.Dataset]:
@@ -92,24 +93,22 @@ def _task_and_data(directory: str) -> tuple[task_lib.Task, tf.data.Dataset]:
   return task, dataset
 
 
-def hand_loop_speed(directory: str, total_steps: int = CTL_STEPS,
-                    steps_per_loop: int = 100) -> Callable[[], float]:
-  """(b) The same pipeline and step in a hand-written loop, built afresh at
-  each call, as ctl's run is: its steps/s over the second half of
-  total_steps (the first half untimed, as ctl's measurement leaves it out).
-  """
-  def measure() -> float:
+def hand_loop_progress(directory: str, total_steps: int = CTL_STEPS,
+                       steps_per_loop: int = 100) -> Callable[[], Progress]:
+  """(b) The same pipeline and step in a hand-written loop: a function
+  building it, training total_steps and returning its progress."""
+  def train() -> Progress:
     task, dataset = _task_and_data(directory)
     with tf.device('/cpu:0'):  # Where ctl makes its iterator.
       iterator = iter(dataset)
     ctx = task_lib.StepContext(global_batch_size=task.config.batch_size,
                                step=tf.constant(0, tf.int64),
                                seed=task.config.seed, training=True)
-    return workloads.second_half_speed(
+    return workloads.graph_loop_progress(
         lambda batch: task.train_step(batch, ctx)['loss'], iterator,
         total_steps, steps_per_loop)
 
-  return measure
+  return train
 
 
 def data_position_save(directory: str, saves: int = 10,

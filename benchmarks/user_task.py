@@ -8,8 +8,9 @@ over the same pipeline (`make_dataset`): the MLP workload's model and data
 hand-written loop is the fair equivalent of ctl's loop: a tf.function
 running `steps_per_loop` steps in a tf.while_loop, each reading
 `next(iterator)`, the loss summed for a log line; no metrics, checkpoints
-or summaries. Each is a fresh run of CTL_STEPS steps, timed over its
-second half, in a process of its own (benchmarks/isolated.py says why).
+or summaries. Each is a fresh run of CTL_STEPS steps in a process of
+its own, measured over its second half in turns with the other
+(benchmarks/timeslice.py says why).
 """
 
 from collections.abc import Callable
@@ -20,10 +21,11 @@ import tensorflow as tf
 
 import ctl
 from benchmarks import workloads
+from benchmarks.timeslice import Progress
 
 # As the MLP workload's.
 BATCH_SIZE = 64
-CTL_STEPS = 9000  # A run; its second half is measured.
+CTL_STEPS = 60_000  # A run of about 16 s; its second half is measured.
 
 
 def build_model() -> keras.Model:
@@ -92,26 +94,25 @@ def ctl_config(**overrides) -> ml_collections.ConfigDict:
   return config
 
 
-def ctl_speed(**overrides) -> Callable[[], float]:
-  """(a) ctl running MLPTask, a fresh run each call: its steady steps/s."""
-  return lambda: workloads.run_speed(ctl_config(**overrides))
+def ctl_progress(**overrides) -> Callable[[], Progress]:
+  """(a) ctl running MLPTask: a function training a fresh run and returning
+  its progress (benchmarks/timeslice.py)."""
+  return lambda: workloads.run_progress(ctl_config(**overrides))
 
 
-def hand_loop_speed(total_steps: int = CTL_STEPS,
-                    steps_per_loop: int = 100) -> Callable[[], float]:
-  """(b) The same model, step and pipeline in a hand-written loop, built
-  afresh at each call, as ctl's run is: its steps/s over the second half of
-  total_steps (the first half untimed, as ctl's measurement leaves it out).
-  """
-  def measure() -> float:
+def hand_loop_progress(total_steps: int = CTL_STEPS,
+                       steps_per_loop: int = 100) -> Callable[[], Progress]:
+  """(b) The same model, step and pipeline in a hand-written loop: a
+  function building it, training total_steps and returning its progress."""
+  def train() -> Progress:
     model = build_model()
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
     # Repeated as ctl repeats a task's finite dataset.
     iterator = iter(make_dataset(BATCH_SIZE, tf.distribute.InputContext())
                     .repeat())
-    return workloads.second_half_speed(
+    return workloads.graph_loop_progress(
         lambda batch: step_fn(model, optimizer, batch, BATCH_SIZE), iterator,
         total_steps, steps_per_loop)
 
-  return measure
+  return train

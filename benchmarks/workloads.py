@@ -104,12 +104,11 @@ def override(config: ml_collections.ConfigDict, overrides: dict) -> None:
     (config[section] if section else config)[field] = value
 
 
-def graph_loop_speed(step: Callable, iterator, measure_steps: int,
-                     steps_per_loop: int = 100) -> Callable[[], float]:
+def graph_loop(step: Callable, iterator) -> Callable[[int], float]:
   """A hand-written loop, the fair equivalent of ctl's: a tf.function
-  running steps_per_loop steps in a tf.while_loop, each `step(batch)` on
-  `next(iterator)` returning the loss, summed for a log line. Traced now;
-  returns a function measuring its steps per second over measure_steps.
+  running a number of steps in a tf.while_loop, each `step(batch)` on
+  `next(iterator)` returning the loss, summed for a log line. Returns a
+  function running that many steps and returning their mean loss.
   """
   @tf.function(autograph=False)
   def loop(num_steps):
@@ -120,25 +119,38 @@ def graph_loop_speed(step: Callable, iterator, measure_steps: int,
                                 [tf.constant(0), tf.constant(0.0)])
     return loss_sum / tf.cast(num_steps, tf.float32)
 
-  loop(tf.constant(steps_per_loop))  # Traces.
+  return lambda num_steps: float(loop(tf.constant(num_steps)))
+
+
+def graph_loop_speed(step: Callable, iterator, measure_steps: int,
+                     steps_per_loop: int = 100) -> Callable[[], float]:
+  """graph_loop, traced now; returns a function measuring its steps per
+  second over measure_steps."""
+  loop = graph_loop(step, iterator)
+  loop(steps_per_loop)  # Traces.
 
   def measure() -> float:
     calls = max(measure_steps // steps_per_loop, 1)
     start = time.perf_counter()
     for _ in range(calls):
-      float(loop(tf.constant(steps_per_loop)))  # The log line's loss.
+      loop(steps_per_loop)  # The log line's loss.
     return calls * steps_per_loop / (time.perf_counter() - start)
 
   return measure
 
 
-def second_half_speed(step: Callable, iterator, total_steps: int,
-                      steps_per_loop: int = 100) -> float:
-  """graph_loop_speed's loop as one run of total_steps steps, timed over
-  its second half, as ctl's own speed is: the first half is untimed."""
-  half = graph_loop_speed(step, iterator, total_steps // 2, steps_per_loop)
-  half()
-  return half()
+def graph_loop_progress(step: Callable, iterator, total_steps: int,
+                        steps_per_loop: int = 100) -> list[tuple[int, float]]:
+  """graph_loop run for total_steps: (steps trained, time.time()) after each
+  loop, as ctl reports its own (benchmarks/timeslice.py)."""
+  loop = graph_loop(step, iterator)
+  loop(1)  # Traces; as ctl's first loop, one step.
+  progress = [(1, time.time())]
+  while progress[-1][0] < total_steps:
+    num_steps = min(steps_per_loop, total_steps - progress[-1][0])
+    loop(num_steps)
+    progress.append((progress[-1][0] + num_steps, time.time()))
+  return progress
 
 
 def ctl_speed(workload: Workload, **overrides) -> Callable[[], float]:
@@ -152,6 +164,24 @@ def run_speed(config: ml_collections.ConfigDict) -> float:
   with tempfile.TemporaryDirectory() as workdir:
     results = run.train_and_evaluate(config, workdir)
   return results['timing']['steps_per_second']
+
+
+def run_progress(config: ml_collections.ConfigDict
+                 ) -> list[tuple[int, float]]:
+  """Trains config's task with ctl in a new workdir; (step, wall time) of
+  each of its training summaries (with the default intervals, one per loop),
+  as TensorBoard shows them (benchmarks/timeslice.py)."""
+  from ctl.runtime import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from ctl.training import run  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as workdir:
+    run.train_and_evaluate(config, workdir)
+    logdir = workdir_lib.summary_dir(workdir, 'train')
+    progress = {
+        event.step: event.wall_time
+        for path in tf.io.gfile.glob(f'{logdir}/events.out.tfevents.*')
+        for event in tf.compat.v1.train.summary_iterator(path)
+        if event.summary.value}
+  return sorted(progress.items())
 
 
 def build_task(workload: Workload) -> task_lib.Task:

@@ -12,6 +12,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from benchmarks import bench
 from benchmarks import tfrecord
+from benchmarks import timeslice
 from benchmarks import user_task
 from benchmarks import workloads as bw
 from ctl import config as config_lib
@@ -51,30 +52,68 @@ def test_every_contender_trains_and_reports_a_speed():
                   bw.compute_only_speed(tiny, jit_compile='auto'),
                   bw.compute_only_speed(tiny, jit_compile='step'),
                   bw.keras_fit_speed(tiny, 10),
-                  bw.keras_fit_speed(tiny, 10, jit_compile=True),
-                  user_task.ctl_speed(total_steps=300),
-                  user_task.hand_loop_speed(total_steps=300)):
+                  bw.keras_fit_speed(tiny, 10, jit_compile=True)):
     assert measure() > 0
+  for train in (user_task.ctl_progress(total_steps=300),
+                user_task.hand_loop_progress(total_steps=300)):
+    _assert_progress_to(train(), 300)
   assert bw.tf_data_element_microseconds(100) > 0
   assert bw.report_milliseconds('ctl', 2) > 0
   assert bw.report_milliseconds('tf.summary', 2) > 0
+
+
+def _assert_progress_to(progress, total_steps):
+  steps, times = zip(*progress)
+  assert steps[-1] == total_steps and len(steps) >= 3
+  assert list(steps) == sorted(set(steps)) and list(times) == sorted(times)
 
 
 def test_the_tfrecord_contenders_train_and_the_data_save_is_measured(
     tmp_path):
   directory = str(tmp_path / 'shards')
   tfrecord.write_shards(directory)
-  assert tfrecord.ctl_speed(directory, total_steps=300)() > 0
-  assert tfrecord.hand_loop_speed(directory, total_steps=300)() > 0
-  # As the section measures them: in a process of their own.
-  in_a_process = bench._in_fresh_processes(  # pylint: disable=protected-access
-      'benchmarks.tfrecord:hand_loop_speed', directory=directory,
-      total_steps=300)
-  assert in_a_process() > 0
+  _assert_progress_to(tfrecord.ctl_progress(directory, total_steps=300)(), 300)
+  _assert_progress_to(
+      tfrecord.hand_loop_progress(directory, total_steps=300)(), 300)
   milliseconds, size = tfrecord.data_position_save(directory, saves=2,
                                                    steps_between=5)
   assert len(milliseconds) == 2 and min(milliseconds) > 0
   assert 1000 < size < 100_000  # About 12 KB: positions, not records.
+
+
+def test_processes_in_turns_run_only_in_their_own_windows():
+  # Two real processes, each stopped (SIGSTOP) outside its turns.
+  contender = ('benchmarks.timeslice:python_loop_progress',
+               {'total_steps': 4000})
+  windows, progress = timeslice.run_in_turns(
+      {'one': contender, 'two': contender}, window_seconds=0.3)
+  assert windows[0].contender == 'one' and windows[1].contender == 'two'
+  for name in ('one', 'two'):
+    _assert_progress_to(progress[name], 4000)
+  margin = 0.05  # A signal takes effect within microseconds.
+  for window in windows:
+    for other in {'one', 'two'} - {window.contender}:
+      assert not [when for _, when in progress[other]
+                  if window.start + margin < when < window.end - margin]
+  speeds = timeslice.window_speeds(windows, progress)
+  assert len(windows) >= 6
+  assert timeslice.paired_ratios(windows, speeds, 'one', 'two')
+
+
+def test_windows_are_measured_in_the_second_half_between_their_reports():
+  windows = [timeslice.Window('a', 0, 10), timeslice.Window('b', 10, 20),
+             timeslice.Window('a', 20, 30), timeslice.Window('b', 30, 40)]
+  progress = {
+      'a': [(1, 1), (100, 5), (200, 9), (300, 21), (400, 25), (450, 29)],
+      'b': [(1, 11), (100, 12), (400, 31), (500, 35)]}
+  speeds = timeslice.window_speeds(windows, progress)
+  # The first windows are in each one's first half (a: 200 of 450 steps;
+  # b: 100 of 500); then 150 steps in 8 s and 100 steps in 4 s.
+  assert speeds == [None, None, 150 / 8, 100 / 4]
+  assert timeslice.paired_ratios(windows, speeds, 'a', 'b') == [
+      (150 / 8) / (100 / 4)]
+  assert timeslice.paired_ratios(windows, speeds, 'b', 'a') == [
+      (100 / 4) / (150 / 8)]
 
 
 def test_the_xla_ceiling_is_what_ctl_compiles_by_default():
