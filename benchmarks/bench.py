@@ -261,8 +261,9 @@ def _two_worker_tutorial(num_epochs: int = 3) -> float:
                               os.path.join(workdir, 'ckpt'), str(num_epochs))
 
 
-def _two_worker_ceiling() -> float:
-  return _two_worker_script('benchmarks.ceiling')
+def _two_worker_ceiling(steps_per_call: int | None = None) -> float:
+  return _two_worker_script('benchmarks.ceiling',
+                            *([str(steps_per_call)] if steps_per_call else []))
 
 
 def _two_worker_script(module: str, *args: str) -> float:

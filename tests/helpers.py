@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -254,6 +255,26 @@ class Watched:
     if self.process.poll() is None:
       self.process.kill()
     self.wait()
+
+
+def sigterm_after(start, pattern: str, total_steps: int,
+                  attempts: int = 3) -> tuple[Watched, int, int]:
+  """SIGTERM to a job once a line matches pattern; the job, its exit code
+  and the attempt it was.
+
+  start(attempt) starts the job (in a workdir of that attempt's own). A job
+  whose last steps take under a second can finish before the signal lands
+  when this process stalls under load: only that, exit 0 with the log line
+  of step total_steps, starts it again, at most `attempts` times.
+  """
+  for attempt in range(attempts):
+    job = start(attempt)
+    job.wait_for(pattern)
+    job.process.send_signal(signal.SIGTERM)
+    code = job.wait()
+    if code or f'step {total_steps}/{total_steps} ' not in job.output:
+      break
+  return job, code, attempt
 
 
 def fingerprint(output: str) -> list[str]:

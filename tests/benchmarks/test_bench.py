@@ -152,6 +152,6 @@ def test_markdown_keeps_what_surrounds_the_generated_section(tmp_path):
 @pytest.mark.slow
 def test_the_two_worker_contenders_run_and_report_a_speed():
   # Each is two real worker processes on localhost.
-  assert bench._two_worker_ceiling() > 0  # pylint: disable=protected-access
+  assert bench._two_worker_ceiling(steps_per_call=5) > 0  # pylint: disable=protected-access
   # One epoch of the benchmark's three: it runs; the benchmark times it.
   assert bench._two_worker_tutorial(num_epochs=1) > 0  # pylint: disable=protected-access

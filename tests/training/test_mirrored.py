@@ -5,7 +5,6 @@ for a machine with two GPUs; everything else is `python -m ctl.main`.
 """
 
 import re
-import signal
 import sys
 
 import pytest
@@ -49,11 +48,12 @@ def test_sigterm_stops_two_replicas_and_the_resume_is_bit_identical(tmp_path):
       *args, f'--workdir={tmp_path / "reference"}'))
   assert reference.wait() == 0, reference.output[-3000:]
 
-  workdir = tmp_path / 'stopped'
-  stopped = helpers.Watched(_on_two_devices(*args, f'--workdir={workdir}'))
-  stopped.wait_for(r'step 50/88 ')
-  stopped.process.send_signal(signal.SIGTERM)
-  assert stopped.wait() == errors.EXIT_PREEMPTED, stopped.output[-3000:]
+  stopped, code, attempt = helpers.sigterm_after(
+      lambda attempt: helpers.Watched(_on_two_devices(
+          *args, f'--workdir={tmp_path / f"stopped{attempt}"}')),
+      r'step 50/88 ', 88)
+  workdir = tmp_path / f'stopped{attempt}'
+  assert code == errors.EXIT_PREEMPTED, stopped.output[-3000:]
   step = int(re.search(r'Stopped by SIGTERM after step (\d+)',
                        stopped.output).group(1))
   assert 50 < step < 88

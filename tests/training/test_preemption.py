@@ -70,25 +70,18 @@ def uninterrupted(tmp_path_factory):
 
 def test_sigterm_saves_the_step_reached_and_resumes_bit_identical(
     tmp_path, uninterrupted):
-  # From the last target step to the end is 31 steps, about 0.4 s here: a
-  # stall of this process that long can let the job finish before the
-  # signal lands. Only that, seen in the output, is tried again.
-  for attempt in range(3):
-    tmp_path = tmp_path.parent / f'{tmp_path.name}_{attempt}'
-    target = _mid_epoch_step()
-    [worker] = _start(tmp_path)
-    worker.wait_for(rf'step {target}/{TOTAL_STEPS} ')
-    worker.process.send_signal(signal.SIGTERM)
-    code = worker.wait()
-    if code or f'step {TOTAL_STEPS}/{TOTAL_STEPS} ' not in worker.output:
-      break
+  target = _mid_epoch_step()
+  worker, code, attempt = helpers.sigterm_after(
+      lambda attempt: _start(tmp_path / str(attempt))[0],
+      rf'step {target}/{TOTAL_STEPS} ', TOTAL_STEPS)
+  workdir = tmp_path / str(attempt)
   assert code == errors.EXIT_PREEMPTED, worker.output[-3000:]
   stopped = int(re.search(r'Stopped by SIGTERM after step (\d+)',
                           worker.output).group(1))
   assert stopped > target  # SIGTERM came mid-epoch, at step target.
-  assert helpers.latest_checkpoint_step(tmp_path) == stopped
+  assert helpers.latest_checkpoint_step(workdir) == stopped
 
-  [resumed] = _start(tmp_path)
+  [resumed] = _start(workdir)
   assert resumed.wait() == 0, resumed.output[-3000:]
   assert _resumed_from(resumed.output) == stopped
   # The first step trained after the resume is the one after the stop.
