@@ -66,20 +66,24 @@ def run_in_turns(contenders: dict[str, tuple[str, dict]],
   """
   with tempfile.TemporaryDirectory() as scratch:
     processes, outputs = {}, {}
-    for name, (function, kwargs) in contenders.items():
-      # Output to files: a stopped reader of a full pipe would stall them.
-      outputs[name] = open(os.path.join(scratch, f'{len(outputs)}.log'),  # pylint: disable=consider-using-with
-                           'w+')
-      processes[name] = subprocess.Popen(
-          [sys.executable, '-m', 'benchmarks.timeslice', function,
-           json.dumps(kwargs)], stdout=outputs[name],
-          stderr=subprocess.STDOUT, cwd=_REPO)
-      if len(processes) > 1:
-        processes[name].send_signal(signal.SIGSTOP)
+    # A SIGTERM to this process unwinds through the finally below: the
+    # contenders, one of them stopped, must not outlive it.
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
+      for name, (function, kwargs) in contenders.items():
+        # Output to files: a stopped reader of a full pipe would stall them.
+        outputs[name] = open(os.path.join(scratch, f'{len(outputs)}.log'),  # pylint: disable=consider-using-with
+                             'w+')
+        processes[name] = subprocess.Popen(
+            [sys.executable, '-m', 'benchmarks.timeslice', function,
+             json.dumps(kwargs)], stdout=outputs[name],
+            stderr=subprocess.STDOUT, cwd=_REPO)
+        if len(processes) > 1:
+          processes[name].send_signal(signal.SIGSTOP)
       windows = _take_turns(processes, window_seconds,
                             time.monotonic() + timeout_seconds)
     finally:
+      signal.signal(signal.SIGTERM, previous_handler)
       for process in processes.values():
         if process.poll() is None:
           process.send_signal(signal.SIGCONT)
@@ -96,6 +100,11 @@ def run_in_turns(contenders: dict[str, tuple[str, dict]],
                            f'{process.returncode}):\n{text[-3000:]}')
       progress[name] = [tuple(point) for point in json.loads(found.group(1))]
   return windows, progress
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+  del frame
+  raise SystemExit(128 + signum)
 
 
 def _take_turns(processes: dict[str, subprocess.Popen], window_seconds: float,
@@ -182,8 +191,10 @@ def compare(contenders: dict[str, tuple[str, dict]], rounds: int,
         speeds[window.contender].append(speed)
     round_ratios = paired_ratios(windows, measured, mine, theirs)
     ratios += round_ratios
+    median = (f'median ratio {statistics.median(round_ratios):.3f}'
+              if round_ratios else 'none measured: runs too short?')
     log(f'[bench] round {round_ + 1}/{rounds}: {len(round_ratios)} pairs of '
-        f'windows, median ratio {statistics.median(round_ratios):.3f}')
+        f'windows, {median}')
   return Comparison(speeds, ratios)
 
 
