@@ -9,6 +9,7 @@ called once at start-up (ctl.training.run), the rest where named.
 
 import atexit
 import contextlib
+import threading
 
 import keras
 import tensorflow as tf
@@ -50,26 +51,46 @@ def keras_gradients_already_reduced(optimizer: keras.optimizers.Optimizer):
   `_all_reduce_sum_gradients`, in replica context. A step that summed them
   itself (to clip the sum, or send 16 bits) must skip that. The change is
   in effect while the step is traced, so it is baked into that graph
-  alone; the optimizer a LossScaleOptimizer wraps changes too.
-  MirroredStrategy traces each replica's step in a thread of its own, all
-  on one optimizer, so the change is counted and undone by the last user.
+  alone. MirroredStrategy traces each replica's step in a thread of its
+  own, all on one optimizer, so nothing is changed on the optimizer: the
+  Keras optimizer class skips the sum while a flag of the calling thread
+  is set (the optimizer a LossScaleOptimizer wraps is of that class too).
   """
-  instances = [optimizer]
-  if getattr(optimizer, 'inner_optimizer', None) is not None:
-    instances.append(optimizer.inner_optimizer)
-  for instance in instances:
-    users = vars(instance).get('_ctl_reduced_users', 0)
-    if not users:
-      instance._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
-    instance._ctl_reduced_users = users + 1  # pylint: disable=protected-access
+  del optimizer  # Every Keras TensorFlow optimizer honours the flag.
+  flag = _install_already_reduced_flag()
+  previous = getattr(flag, 'on', False)
+  flag.on = True
   try:
     yield
   finally:
-    for instance in instances:
-      instance._ctl_reduced_users -= 1  # pylint: disable=protected-access
-      if not instance._ctl_reduced_users:  # pylint: disable=protected-access
-        del instance._all_reduce_sum_gradients  # pylint: disable=protected-access
-        del instance._ctl_reduced_users  # pylint: disable=protected-access
+    flag.on = previous
+
+
+def _install_already_reduced_flag() -> threading.local:
+  """Makes Keras's TensorFlow optimizers skip their gradient sum while the
+  calling thread's flag is on; returns the flag (once per process)."""
+  from keras.src.backend.tensorflow import optimizer as keras_tf_optimizer  # pylint: disable=g-import-not-at-top
+  optimizer_class = keras_tf_optimizer.TFOptimizer
+  with _INSTALL_LOCK:
+    flag = vars(optimizer_class).get('_ctl_already_reduced')
+    if flag is not None:
+      return flag
+    flag = threading.local()
+    all_reduce_sum_gradients = optimizer_class._all_reduce_sum_gradients  # pylint: disable=protected-access
+
+    def maybe_all_reduce_sum_gradients(self, grads_and_vars):
+      if getattr(flag, 'on', False):
+        return grads_and_vars
+      return all_reduce_sum_gradients(self, grads_and_vars)
+
+    optimizer_class._all_reduce_sum_gradients = maybe_all_reduce_sum_gradients  # pylint: disable=protected-access
+    optimizer_class._ctl_already_reduced = flag  # pylint: disable=protected-access
+    return flag
+
+
+# Guards the one-time class change above against replica threads that
+# trace their first step at once.
+_INSTALL_LOCK = threading.Lock()
 
 
 def keras_reduces_gradients(optimizer: keras.optimizers.Optimizer) -> bool:

@@ -4,6 +4,7 @@ on. A failure here means upstream changed: revisit ctl/runtime/tf_internals.py.
 
 import subprocess
 import sys
+import threading
 
 import keras
 import numpy as np
@@ -53,8 +54,36 @@ def test_keras_optimizers_sum_gradients_over_replicas_in_a_method_we_skip():
     assert optimizer._all_reduce_sum_gradients([(1, 2)]) == [(1, 2)]  # pylint: disable=protected-access
     optimizer.apply_gradients([(tf.constant([0.5, 0.0]), variable)])
   np.testing.assert_allclose(variable.numpy(), [0.5, 1.0])
-  # Only while it was in effect.
+  # Nothing of the optimizer itself changed.
   assert '_all_reduce_sum_gradients' not in vars(optimizer)
+
+
+def test_gradients_already_reduced_holds_for_the_calling_thread_only():
+  # MirroredStrategy traces each replica's step in a thread of its own: one
+  # replica inside the context must not change what another traces.
+  optimizer = keras.optimizers.SGD(1.0)
+  strategy = tf.distribute.MirroredStrategy(['/cpu:0'])
+  inside, leave = threading.Event(), threading.Event()
+  seen = {}
+
+  def in_context():
+    with tf_internals.keras_gradients_already_reduced(optimizer):
+      inside.set()
+      leave.wait(60)
+      seen['inside'] = optimizer._all_reduce_sum_gradients([(1, 2)])  # pylint: disable=protected-access
+
+  thread = threading.Thread(target=in_context)
+  thread.start()
+  assert inside.wait(60)
+  # In replica context, this thread's call sums over the replicas: the
+  # result is the all-reduced tensor, not the value given.
+  gradient = tf.constant(3.0)
+  summed = strategy.run(lambda: optimizer._all_reduce_sum_gradients(  # pylint: disable=protected-access
+      [(gradient, tf.Variable(0.0))]))
+  leave.set()
+  thread.join(60)
+  assert seen['inside'] == [(1, 2)]
+  assert summed[0][0] is not gradient
 
 
 def test_all_layers_finds_nested_layers():

@@ -227,19 +227,11 @@ print('RESULT ' + json.dumps({
 }))
 '''
 
-# What ctl's ctx.apply_reduced_gradients raised with several replicas in one
-# process (tf_internals.keras_gradients_already_reduced is not thread-safe).
-_CTL_REPLICA_THREADS_BUG = "object has no attribute '_all_reduce_sum_gradients'"
-
-
 @pytest.mark.slow
 def test_clip_ema_clips_the_sum_of_two_replicas_and_evaluates_the_ema():
   run = subprocess.run([sys.executable, '-c', _CLIP_AFTER_ALL_REDUCE],
                        cwd=helpers.REPO, env=helpers.env_with(),
                        capture_output=True, text=True, timeout=300)
-  if run.returncode and _CTL_REPLICA_THREADS_BUG in run.stderr:
-    pytest.xfail('ctl bug: ctx.apply_reduced_gradients fails with several '
-                 'replicas in one process (see the examples report)')
   assert run.returncode == 0, run.stderr[-3000:]
   [line] = [line for line in run.stdout.splitlines()
             if line.startswith('RESULT ')]
