@@ -126,7 +126,7 @@ def data_position_save(directory: str, saves: int = 10,
   milliseconds = []
   with tempfile.TemporaryDirectory() as scratch:
     positions = checkpointing.DataPositions(
-        train_input.checkpointable, scratch, worker='worker_0',
+        train_input.checkpointable, scratch,
         max_to_keep=task.config.intervals.keep_checkpoints)
     for save in range(saves + 1):
       for _ in range(steps_between):  # Mid-epoch: an epoch is 44 batches.
@@ -135,7 +135,7 @@ def data_position_save(directory: str, saves: int = 10,
       positions.save((save + 1) * steps_between)
       if save:  # The first traces the save.
         milliseconds.append((time.perf_counter() - start) * 1000)
-    prefix = os.path.join(scratch, 'worker_0',
+    prefix = os.path.join(scratch, 'pipeline-0-of-1',
                           f'ckpt-{(saves + 1) * steps_between}')
     size = sum(os.path.getsize(path) for path in tf.io.gfile.glob(
         prefix + '.*'))

@@ -36,6 +36,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from ctl import errors
 from ctl.data import in_memory
 from ctl.runtime import summaries
 from ctl.runtime import tf_internals
@@ -240,10 +241,13 @@ class Task(tf.Module):
                        input_signature=[spec], autograph=False)
 
   def models(self) -> list[keras.Model]:
-    """The Keras models among the task's attributes (for checkpoints and
-    XLA's choice)."""
-    return [value for value in attribute_values(self)
-            if isinstance(value, keras.Model)]
+    """The Keras models among the task's attributes, each once (for
+    checkpoints, export and XLA's choice)."""
+    found = {}
+    for value in attribute_values(self):
+      if isinstance(value, keras.Model):
+        found.setdefault(id(value), value)
+    return list(found.values())
 
 
 REQUIRED_HOOKS = ('build', 'train_data', 'train_step')
@@ -259,9 +263,46 @@ def missing_hooks(task_class: type) -> list[str]:
   return missing
 
 
+# What a task sets that Task declares too: everything else Task (and
+# tf.Module) defines is what ctl calls or reads, and must not be shadowed.
+SETTABLE = ('train_metrics', 'eval_metrics', 'auto_xla')
+
+
+def check_nothing_shadowed(task: Task, config: ml_collections.ConfigDict
+                           ) -> None:
+  """Fails if the task set an attribute that hides what ctl reads of it.
+
+  `self.models = [...]` in build would hide `Task.models()`, which ctl
+  calls to find the models to checkpoint; `self.config = ...` the config
+  ctl gave it.
+
+  Raises:
+    CtlError: naming the attributes and what they hide.
+  """
+  hidden = sorted(name for name in _own_attribute_names(task)
+                  if not name.startswith('_') and name not in SETTABLE
+                  and hasattr(Task, name))
+  if vars(task).get('config', config) is not config:
+    hidden.append('config')
+  if hidden:
+    raise errors.CtlError(
+        f'{type(task).__name__} sets attribute(s) {", ".join(hidden)}, which '
+        'hide ctl.Task\'s own of that name (ctl reads them): rename them, '
+        'e.g. self.model or self.networks instead of self.models.')
+
+
+def _own_attribute_names(task: Task) -> list[str]:
+  """The names of the task's instance attributes, tf.Module's own aside."""
+  return [name for name in vars(task) if not name.startswith('_self_')]
+
+
 def attribute_values(task: Task) -> list[Any]:
-  """The task's attribute values, lists, tuples and dicts opened."""
-  found, pending = [], list(vars(task).values())
+  """The task's attribute values, lists, tuples and dicts opened.
+
+  tf.Module's own tracking attributes (`_self_*`, which hold every tracked
+  value again) are left out.
+  """
+  found, pending = [], [vars(task)[name] for name in _own_attribute_names(task)]
   while pending:
     value = pending.pop()
     if isinstance(value, Mapping):

@@ -117,6 +117,27 @@ class StatefulPipeline(NoisyRegression):
         lambda x, y: (x + tf.random.uniform(tf.shape(x)), y))
 
 
+class StatefulBeforeShuffle(NoisyRegression):
+  """A stateful op before the shuffle: an iterator meets it only once the
+  shuffle buffer fills, so a save before training would pass."""
+
+  def train_data(self, context):
+    features, targets = self._examples(0, 512)
+    dataset = tf.data.Dataset.from_tensor_slices((features, targets)).map(
+        lambda x, y: (x + tf.random.uniform(tf.shape(x)), y))
+    batch = context.get_per_replica_batch_size(self.config.batch_size)
+    return dataset.shuffle(256, seed=self.config.seed).batch(
+        batch, drop_remainder=True)
+
+
+class ShadowsModels(NoisyRegression):
+  """Names an attribute `models`, which hides ctl.Task.models()."""
+
+  def build(self):
+    super().build()
+    self.models = [self.model]
+
+
 class NonScalarLogs(NoisyRegression):
   """Returns a per-example log from train_step: an error."""
 

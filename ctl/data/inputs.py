@@ -29,6 +29,7 @@ class InMemoryInput:
   """Batches gathered from arrays, in an order decided by (seed, step)."""
 
   checkpointable = {}  # The step is the position: nothing else to save.
+  dataset = None  # No pipeline of the task's own.
 
   def __init__(self, strategy: tf.distribute.Strategy,
                data: in_memory.InMemory, *, seed: int, global_batch_size: int,
@@ -73,6 +74,7 @@ class DatasetInput:
                dataset: tf.data.Dataset, num_local_replicas: int):
     self._strategy = strategy
     self._num_local_replicas = num_local_replicas
+    self.dataset = dataset  # Whose position is saved.
     with tf.device('/cpu:0'):
       self._iterator = iter(dataset.repeat() if _is_finite(dataset)
                             else dataset)

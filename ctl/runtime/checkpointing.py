@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from ctl import errors
+from ctl.runtime import tf_internals
 
 
 class Checkpointer:
@@ -38,12 +39,12 @@ class Checkpointer:
   def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *,
                is_chief: bool, task_id: int, max_to_keep: int,
                async_save: bool = False,
-               is_whole: Callable[[int], bool] = lambda step: True):
-    """Args as named; is_whole(step): whether the parts of checkpoint
-    `step` that others write (each worker's data position) are all there:
-    only then can it be the latest."""
+               data_problem: Callable[[int], str | None] = lambda step: None):
+    """Args as named; data_problem(step): why the parts of checkpoint
+    `step` that every worker writes (its data position) cannot resume this
+    job, or None when they can: only then can it be the latest."""
     self._checkpoint = checkpoint
-    self._is_whole = is_whole
+    self._data_problem = data_problem
     self.directory = directory
     self._last_saved_step = None
     self._options = None
@@ -67,28 +68,44 @@ class Checkpointer:
 
   @property
   def latest(self) -> str | None:
-    """The newest whole checkpoint in the workdir, if any.
+    """The newest whole checkpoint in the workdir; None when it has none.
 
     A checkpoint named by the state file but without files was moved away
     on purpose (a damaged one, as restore_latest's message suggests); one
     without every worker's data position was cut short by a kill while
     the workers saved. Either way the one before it is used, with a
-    warning.
+    warning naming the reason.
+
+    Raises:
+      ConfigError: the checkpoints' data positions were saved by another
+        number of input pipelines (workers).
+      CtlError: there are checkpoints, but none can resume: training from
+        step 0 would overwrite them.
     """
     listed = self._read_manager.checkpoints
+    passed_over = []
     for path in reversed(listed):
-      if not tf.io.gfile.exists(f'{path}.index'):
-        logging.warning('Checkpoint %s has no files (moved away?): not '
-                        'resuming from it.', path)
-      elif not self._is_whole(step_of(path)):
-        logging.warning('Checkpoint %s lacks a worker\'s data position (a '
-                        'worker was killed while saving it): not resuming '
-                        'from it.', path)
-      else:
-        if path != listed[-1]:
+      reason = self._problem(path)
+      if reason is None:
+        if passed_over:
           logging.warning('Resuming from %s.', path)
         return path
+      logging.warning('Checkpoint %s %s: not resuming from it.', path, reason)
+      passed_over.append(f'{path} {reason}')
+    if passed_over:
+      raise errors.CtlError(
+          f'No checkpoint in {self.directory} can resume this run, and '
+          'training from step 0 would overwrite them:\n  ' +
+          '\n  '.join(passed_over) + '\nNothing was written. Restore the '
+          'missing files, or train in a new --workdir (config.init_from='
+          f'{self.directory!r} starts it from their weights).')
     return None
+
+  def _problem(self, path: str) -> str | None:
+    """Why checkpoint `path` cannot be resumed from; None if it can."""
+    if not tf.io.gfile.exists(f'{path}.index'):
+      return 'has no files (moved away?)'
+    return self._data_problem(step_of(path))
 
   def restore_latest(self) -> str | None:
     """Restores the newest checkpoint, if any; returns its path.
@@ -235,72 +252,100 @@ def summary(error: Exception, max_chars: int = 600) -> str:
 
 
 class DataPositions:
-  """Each worker's data position (its tf.data iterator), saved per step.
+  """Each input pipeline's data position (its tf.data iterator), per step.
 
   The chief's checkpoint cannot hold the other workers' iterators, so every
-  worker writes its own, `<directory>/<worker>/ckpt-<step>`, before the
-  checkpoint of the same step, and keeps as many as the checkpoints.
+  worker writes its own pipeline's, `<directory>/pipeline-<i>-of-<n>/
+  ckpt-<step>`, before the checkpoint of the same step, and keeps as many
+  as the checkpoints. The name says which shard of how many it is: a
+  position saved by another number of workers is another shard, and a
+  worker's name (chief or worker) does not matter.
   """
 
-  def __init__(self, trackables: dict, directory: str, worker: str,
-               max_to_keep: int, num_workers: int = 1,
-               all_workers: tuple[str, ...] = ()):
-    """Args as named; num_workers: the workers sharing the data now (a
-    position saved by another number of workers is another shard);
-    all_workers: every training worker's name, this one's included (default:
-    this one alone)."""
-    self._num_workers = num_workers
+  def __init__(self, trackables: dict, directory: str, *, max_to_keep: int,
+               pipeline: int = 0, num_pipelines: int = 1):
+    """Args as named; pipeline: this worker's input pipeline (its worker
+    index) of num_pipelines (the training workers)."""
     self._root = directory
-    self._all_workers = all_workers or (worker,)
-    self._saved_num_workers = tf.Variable(num_workers, dtype=tf.int64,
-                                          trainable=False)
-    self._checkpoint = tf.train.Checkpoint(
-        num_workers=self._saved_num_workers, **trackables)
-    self._directory = os.path.join(directory, worker)
+    self._num_pipelines = num_pipelines
+    self._checkpoint = tf.train.Checkpoint(**trackables)
+    self._directory = os.path.join(directory,
+                                   _pipeline_dir(pipeline, num_pipelines))
     self._max_to_keep = max_to_keep
     self.enabled = bool(trackables)
 
   def _prefix(self, step: int) -> str:
     return os.path.join(self._directory, f'ckpt-{step}')
 
-  def is_whole(self, step: int) -> bool:
-    """Whether every worker's position at `step` was written (each worker
-    writes its own before the checkpoint; a kill can cut that short)."""
-    return not self.enabled or all(
-        tf.io.gfile.exists(os.path.join(self._root, worker,
-                                        f'ckpt-{step}.index'))
-        for worker in self._all_workers)
+  def problem(self, step: int) -> str | None:
+    """Why the data positions of checkpoint `step` cannot resume this job's
+    pipelines; None when every pipeline's is there.
 
-  def check_savable(self) -> None:
-    """Saves the position once to scratch, so that a pipeline whose state
-    cannot be saved fails before training, not at the first checkpoint.
+    Raises:
+      ConfigError: they were saved, whole, by another number of pipelines.
+    """
+    if not self.enabled:
+      return None
+    saved = self._saved_at(step)
+    if len(saved.get(self._num_pipelines, ())) == self._num_pipelines:
+      return None
+    for count, pipelines in saved.items():
+      if len(pipelines) == count:
+        raise errors.ConfigError(
+            f'The checkpoint of step {step} was saved by {count} worker(s), '
+            f'and this job has {self._num_pipelines}: each worker reads its '
+            'own shard of the task\'s tf.data pipeline and saved its own '
+            'position in it, so the shards cannot resume on another number '
+            f'of workers. Nothing was written. Resume with {count} '
+            'worker(s), or train in a new --workdir starting from these '
+            'weights with --config.init_from='
+            f'{os.path.dirname(self._root)}')
+    if saved:
+      return ('lacks a worker\'s data position (a worker was killed while '
+              'the workers saved it)')
+    return (f'has no data position in {self._root} (a task that reads a '
+            'tf.data pipeline saves one per worker beside every checkpoint)')
+
+  def _saved_at(self, step: int) -> dict[int, set[int]]:
+    """{number of pipelines: the pipelines with a position at `step`}."""
+    saved = {}
+    for index in tf.io.gfile.glob(os.path.join(
+        self._root, 'pipeline-*-of-*', f'ckpt-{step}.index')):
+      name = os.path.basename(os.path.dirname(index))
+      _, pipeline, _, count = name.split('-')
+      saved.setdefault(int(count), set()).add(int(pipeline))
+    return saved
+
+  def check_savable(self, dataset: tf.data.Dataset | None) -> None:
+    """Fails now, before training, if the position of `dataset` (the
+    pipeline the iterator reads) could not be saved: a stateful op anywhere
+    in it fails the save once the iterator has reached it, before or after
+    a shuffle.
 
     Raises:
       CtlError: naming the op that makes the pipeline's state unsavable.
     """
-    if not self.enabled:
+    if not self.enabled or dataset is None:
       return
-    scratch = tempfile.mkdtemp(prefix='ctl-data-check-')
     try:
-      self._checkpoint.write(os.path.join(scratch, 'check'))
+      tf_internals.check_dataset_serializable(dataset)
     except tf.errors.FailedPreconditionError as error:
-      reason = error.message.strip().splitlines()[0]
-      reason = reason.split('}}')[-1].split('[Op:')[0].strip()
-      raise errors.CtlError(
-          f'The training pipeline\'s position cannot be saved: {reason} '
-          '(a stateful op in the tf.data pipeline, such as tf.random.uniform, '
-          'a Keras random layer or tf.py_function in map). ctl must save it '
-          'to resume exactly: draw random numbers with stateless ops seeded '
-          'by (seed, epoch, example), e.g. ctl.data.augment.seeds and '
-          'tf.random.stateless_uniform.') from error
-    finally:
-      shutil.rmtree(scratch, ignore_errors=True)
+      raise _unsavable(error) from error
 
   def save(self, step: int) -> None:
+    """Writes this pipeline's position at `step`; drops the oldest.
+
+    Raises:
+      CtlError: when the position cannot be saved (then no checkpoint of
+        this step is written; the earlier ones stay).
+    """
     if not self.enabled:
       return
-    self._checkpoint.write(self._prefix(step))
-    steps = sorted(int(name.split('-')[1].split('.')[0]) for name in
+    try:
+      self._checkpoint.write(self._prefix(step))
+    except tf.errors.FailedPreconditionError as error:
+      raise _unsavable(error) from error
+    steps = sorted(step_of(name.rsplit('.', 1)[0]) for name in
                    tf.io.gfile.listdir(self._directory)
                    if name.startswith('ckpt-') and name.endswith('.index'))
     for old in steps[:-self._max_to_keep]:
@@ -308,7 +353,7 @@ class DataPositions:
         tf.io.gfile.remove(path)
 
   def restore(self, step: int) -> None:
-    """Restores this worker's position at `step`.
+    """Restores this pipeline's position at `step`.
 
     Raises:
       CtlError: when it is missing or does not fit the pipeline.
@@ -328,13 +373,23 @@ class DataPositions:
           f'The data position {prefix} does not fit this task\'s input '
           f'pipeline: {summary(error)}. Resume with the pipeline that wrote '
           'it, or train in a new --workdir.') from error
-    saved = int(self._saved_num_workers.numpy())
-    if saved != self._num_workers:
-      raise errors.CtlError(
-          f'The data positions of step {step} were saved by {saved} '
-          f'worker(s), and this job has {self._num_workers}: each worker '
-          'reads its own shard of the data, so the shards would not resume '
-          f'where they stopped. Resume with {saved} worker(s), or train in a '
-          'new --workdir (config.init_from can start it from these '
-          'weights).')
-    self._saved_num_workers.assign(self._num_workers)
+
+
+def _pipeline_dir(pipeline: int, num_pipelines: int) -> str:
+  return f'pipeline-{pipeline}-of-{num_pipelines}'
+
+
+def _unsavable(error: tf.errors.FailedPreconditionError) -> errors.CtlError:
+  """The error for a pipeline whose position cannot be saved."""
+  reason = error.message.strip().splitlines()[0]
+  reason = reason.split('}}')[-1].split('[Op:')[0].strip()
+  reason = reason.removeprefix('Failed to serialize the input pipeline '
+                               'graph: ')
+  return errors.CtlError(
+      f'The training pipeline\'s position cannot be saved: {reason} (a '
+      'stateful op in the tf.data pipeline, before or after a shuffle, such '
+      'as tf.random.uniform, a Keras random layer, tf.py_function or '
+      'Dataset.from_generator). ctl must save it to resume exactly: draw '
+      'random numbers with stateless ops seeded by (seed, epoch, example), '
+      'e.g. ctl.data.augment.seeds and tf.random.stateless_uniform. Nothing '
+      'was saved at this step; earlier checkpoints are kept.')

@@ -114,3 +114,17 @@ def coordination_service():
 def run_exit_handlers() -> None:
   """Runs the atexit handlers now, before an os._exit that skips them."""
   atexit._run_exitfuncs()  # pylint: disable=protected-access
+
+
+def check_dataset_serializable(dataset: tf.data.Dataset) -> None:
+  """Serializes the dataset's whole graph as an iterator save would.
+
+  Raises FailedPreconditionError naming a stateful op anywhere in it
+  (`tf.random.uniform`, `tf.py_function`, a Keras random layer's variable
+  read, `from_generator`). Saving an iterator meets such an op only once
+  the iterator has run through it (an op before a shuffle: once the buffer
+  filled), so a save before training cannot tell; the graph can, at once
+  and without reading data.
+  """
+  dataset._as_serialized_graph(  # pylint: disable=protected-access
+      external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)

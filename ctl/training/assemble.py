@@ -72,6 +72,7 @@ def assemble(config: ml_collections.ConfigDict,
   with strategy.scope():
     task.build()
     state = state_lib.TrainState()
+  task_lib.check_nothing_shadowed(task, config)
   return Assembled(task, state, length, context, train_data)
 
 

@@ -135,17 +135,16 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
                              jit_compile)
   data_positions = checkpointing.DataPositions(
       train_input.checkpointable, workdir_lib.data_position_dir(workdir),
-      worker=task_info.name, max_to_keep=config.intervals.keep_checkpoints,
-      num_workers=task_info.num_workers,
-      all_workers=(task_info.name, *task_info.peers))
+      max_to_keep=config.intervals.keep_checkpoints,
+      pipeline=task_info.worker_index, num_pipelines=task_info.num_workers)
   checkpointer = checkpointing.Checkpointer(
       state_lib.checkpoint_of(task, state), workdir_lib.checkpoint_dir(workdir),
       is_chief=task_info.is_chief, task_id=task_info.task_id,
       max_to_keep=config.intervals.keep_checkpoints,
       async_save=config.intervals.async_checkpoint,
-      is_whole=data_positions.is_whole)
+      data_problem=data_positions.problem)
 
-  data_positions.check_savable()
+  data_positions.check_savable(train_input.dataset)
   # Nothing is written before the run is known to start: a checkpoint that
   # does not fit, or a finished run, leaves the workdir as it was.
   if checkpointer.restore_latest():

@@ -73,18 +73,19 @@ def test_data_positions_resume_the_next_batches(tmp_path):
   dataset = tf.data.Dataset.range(100).shuffle(50, seed=1).batch(4)
   iterator = iter(dataset)
   positions = checkpointing.DataPositions(
-      {'iterator': iterator}, str(tmp_path), worker='worker:1', max_to_keep=2)
-  positions.check_savable()
+      {'iterator': iterator}, str(tmp_path), pipeline=1, num_pipelines=2,
+      max_to_keep=2)
+  positions.check_savable(dataset)
   for step in range(1, 4):
     next(iterator)
     positions.save(step)
   expected = [next(iterator).numpy() for _ in range(3)]
-  # Two kept, in the worker's own directory.
-  assert sorted(path.name for path in (tmp_path / 'worker:1').glob(
+  # Two kept, in the pipeline's own directory.
+  assert sorted(path.name for path in (tmp_path / 'pipeline-1-of-2').glob(
       '*.index')) == ['ckpt-2.index', 'ckpt-3.index']
   resumed = iter(dataset)
   checkpointing.DataPositions(
-      {'iterator': resumed}, str(tmp_path), worker='worker:1',
+      {'iterator': resumed}, str(tmp_path), pipeline=1, num_pipelines=2,
       max_to_keep=2).restore(3)
   for batch in expected:
     np.testing.assert_array_equal(next(resumed).numpy(), batch)
@@ -93,45 +94,84 @@ def test_data_positions_resume_the_next_batches(tmp_path):
     positions.restore(1)
 
 
-def test_a_pipeline_with_a_stateful_op_is_refused_naming_it(tmp_path):
-  dataset = tf.data.Dataset.range(10).map(
-      lambda x: tf.cast(x, tf.float32) + tf.random.uniform([]))
+def _noise(x):
+  return tf.cast(x, tf.float32) + tf.random.uniform([])
+
+
+@pytest.mark.parametrize('dataset', [
+    tf.data.Dataset.range(10).map(_noise),
+    # Before a shuffle, an iterator that has not started saves fine: the op
+    # is met only once the shuffle fills its buffer.
+    tf.data.Dataset.range(10).map(_noise).shuffle(5, seed=1).batch(2),
+    tf.data.Dataset.range(10).shuffle(5, seed=1).map(_noise).prefetch(1),
+    tf.data.Dataset.range(4).interleave(
+        lambda i: tf.data.Dataset.range(i).map(_noise), cycle_length=2,
+        num_parallel_calls=2),
+], ids=['alone', 'before_shuffle', 'after_shuffle', 'inside_interleave'])
+def test_a_pipeline_with_a_stateful_op_is_refused_naming_it(tmp_path,
+                                                            dataset):
   positions = checkpointing.DataPositions(
-      {'iterator': iter(dataset)}, str(tmp_path), worker='single',
-      max_to_keep=1)
+      {'iterator': iter(dataset)}, str(tmp_path), max_to_keep=1)
   with pytest.raises(errors.CtlError, match='RandomUniform is stateful'):
-    positions.check_savable()
+    positions.check_savable(dataset)
+  assert not list(tmp_path.iterdir())
+
+
+def test_a_position_that_cannot_be_saved_later_is_a_clear_error(tmp_path):
+  dataset = tf.data.Dataset.range(10).map(_noise).shuffle(5, seed=1)
+  iterator = iter(dataset)
+  positions = checkpointing.DataPositions(
+      {'iterator': iterator}, str(tmp_path), max_to_keep=1)
+  next(iterator)
+  with pytest.raises(errors.CtlError, match='RandomUniform is stateful'):
+    positions.save(1)
+
+
+def _positions(tmp_path, pipeline, num_pipelines):
+  return checkpointing.DataPositions(
+      {'iterator': iter(tf.data.Dataset.range(10))}, str(tmp_path / 'data'),
+      pipeline=pipeline, num_pipelines=num_pipelines, max_to_keep=3)
 
 
 def test_positions_saved_by_another_number_of_workers_are_refused(tmp_path):
-  def positions(num_workers):
-    return checkpointing.DataPositions(
-        {'iterator': iter(tf.data.Dataset.range(10))}, str(tmp_path),
-        worker='worker:0', max_to_keep=1, num_workers=num_workers)
-
-  positions(2).save(4)
-  positions(2).restore(4)
-  with pytest.raises(errors.CtlError, match='saved by 2 worker.s., and this '
-                     'job has 3'):
-    positions(3).restore(4)
+  for pipeline in range(2):
+    _positions(tmp_path, pipeline, 2).save(4)
+  assert _positions(tmp_path, 0, 2).problem(4) is None
+  for num_pipelines in (1, 3):
+    with pytest.raises(errors.ConfigError, match='saved by 2 worker.s., and '
+                       f'this job has {num_pipelines}.*Resume with 2'):
+      _positions(tmp_path, 0, num_pipelines).problem(4)
 
 
 def test_a_checkpoint_without_every_workers_data_position_is_not_latest(
     tmp_path):
-  positions = {
-      worker: checkpointing.DataPositions(
-          {'iterator': iter(tf.data.Dataset.range(10))},
-          str(tmp_path / 'data'), worker=worker, max_to_keep=3,
-          num_workers=2, all_workers=('worker:0', 'worker:1'))
-      for worker in ('worker:0', 'worker:1')}
   saver = _checkpointer(tmp_path, _model(),
-                        is_whole=positions['worker:0'].is_whole)
-  positions['worker:0'].save(1)
-  positions['worker:1'].save(1)
+                        data_problem=_positions(tmp_path, 0, 2).problem)
+  for pipeline in range(2):
+    _positions(tmp_path, pipeline, 2).save(1)
   saver.save(1)
-  # worker:1 was killed before it wrote its position of step 2.
-  positions['worker:0'].save(2)
+  # Pipeline 1's worker was killed before it wrote its position of step 2.
+  _positions(tmp_path, 0, 2).save(2)
   saver.save(2)
   restorer = _checkpointer(tmp_path, _model(),
-                           is_whole=positions['worker:1'].is_whole)
+                           data_problem=_positions(tmp_path, 1, 2).problem)
   assert restorer.restore_latest().endswith('ckpt-1')
+  # On one worker, the whole step 1 of two workers is a changed shape.
+  with pytest.raises(errors.ConfigError, match='saved by 2 worker'):
+    _checkpointer(tmp_path, _model(),
+                  data_problem=_positions(tmp_path, 0, 1).problem).latest
+
+
+def test_checkpoints_that_cannot_resume_stop_the_run_untouched(tmp_path):
+  saver = _checkpointer(tmp_path, _model())
+  saver.save(1)
+  saver.save(2)
+  before = helpers.file_stamps(tmp_path)
+  # A task that reads a tf.data pipeline finds no data position at all.
+  restorer = _checkpointer(tmp_path, _model(),
+                           data_problem=_positions(tmp_path, 0, 1).problem)
+  with pytest.raises(errors.CtlError, match=r'(?s)No checkpoint .* can '
+                     r'resume.*ckpt-2 has no data position.*ckpt-1 has no '
+                     'data position'):
+    restorer.restore_latest()
+  assert helpers.file_stamps(tmp_path) == before

@@ -8,6 +8,7 @@ import threading
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from ctl.runtime import tf_internals
@@ -111,3 +112,16 @@ def test_run_exit_handlers_runs_registered_handlers():
                        text=True, timeout=300)
   # Run once, now, not again at exit.
   assert run.stdout.splitlines() == ['handler ran', 'after'], run.stderr
+
+
+def test_a_dataset_graph_serializes_unless_a_stateful_op_is_anywhere():
+  savable = tf.data.Dataset.range(8).shuffle(4, seed=1).interleave(
+      lambda i: tf.data.Dataset.range(i), cycle_length=2,
+      num_parallel_calls=2).map(lambda x: x + tf.random.stateless_uniform(
+          [], seed=[1, 2], maxval=3, dtype=tf.int64))
+  tf_internals.check_dataset_serializable(savable)
+  stateful = tf.data.Dataset.range(8).map(
+      lambda x: tf.cast(x, tf.float32) + tf.random.uniform([])).shuffle(4)
+  with pytest.raises(tf.errors.FailedPreconditionError,
+                     match='RandomUniform is stateful'):
+    tf_internals.check_dataset_serializable(stateful)

@@ -2,11 +2,13 @@
 under ctl's loop with every guarantee; its mistakes get one clear message."""
 
 import pytest
+import tensorflow as tf
 
 from ctl import errors
 from ctl import tasks
 from ctl.training import run
 import helpers
+import user_modules
 
 
 def _noisy(task='NoisyRegression', **fields):
@@ -22,7 +24,7 @@ def test_a_tf_data_task_resumes_mid_epoch_bit_identical(tmp_path):
   # Stopped at step 22 of 48: mid-epoch (16 steps each), shuffle buffer,
   # stateless augmentation and dropout state all in flight.
   run.train_and_evaluate(_noisy(total_steps=22), str(tmp_path / 'resumed'))
-  assert (tmp_path / 'resumed/checkpoints/data/single/ckpt-22.index').exists()
+  assert (tmp_path / 'resumed/checkpoints/data/pipeline-0-of-1/ckpt-22.index').exists()
   resumed = run.train_and_evaluate(_noisy(), str(tmp_path / 'resumed'))
   assert resumed['weights_sha256'] == uninterrupted['weights_sha256']
 
@@ -73,6 +75,8 @@ def test_a_task_that_cannot_run_is_a_config_error(task, message):
 
 @pytest.mark.parametrize('task, message', [
     ('StatefulPipeline', 'RandomUniform is stateful'),
+    ('StatefulBeforeShuffle', 'RandomUniform is stateful'),
+    ('ShadowsModels', 'sets attribute.s. models, which hide'),
     ('NonScalarLogs', "log 'per_example' of shape"),
 ])
 def test_a_task_mistake_fails_before_anything_is_written(tmp_path, task,
@@ -97,3 +101,14 @@ def test_a_checkpoint_of_another_task_is_refused_and_kept(tmp_path):
   with pytest.raises(errors.CtlError, match='does not match'):
     run.train_and_evaluate(helpers.digits(1), str(tmp_path))
   assert helpers.file_stamps(tmp_path) == before
+
+
+def test_a_model_reached_twice_is_one_model_that_serves():
+  # tf.Module tracks every attribute again in attributes of its own, and a
+  # list may hold the same model: one model all the same.
+  task = user_modules.NoisyRegression(_noisy())
+  task.build()
+  task.also = [task.model]
+  assert task.models() == [task.model]
+  serve = task.serving_signature()
+  assert serve(tf.zeros([3, 4])).shape == (3, 1)
