@@ -2,7 +2,7 @@
 
     workdir/config.json        the resolved config (config.<time>.json: earlier ones)
     workdir/checkpoints/       tf.train.CheckpointManager's ckpt-<step> files
-    workdir/checkpoints/data/<worker>/   each worker's data position, per step
+    workdir/checkpoints/data/pipeline-<i>-of-<n>/   each worker's data position, per step
     workdir/train/, eval/      TensorBoard events; eval/results.json: the
                                side-car's or --mode=evaluate's last results
     workdir/results.json       final metrics, written when training finishes
