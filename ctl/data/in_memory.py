@@ -16,7 +16,7 @@ arrays held as tensors: each element tf.data hands over costs tens of
 microseconds on a CPU (BENCHMARKS.md, "Fixed costs").
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 import itertools
 from typing import Any
 
@@ -91,7 +91,7 @@ class InMemory:
 
 
 def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
-                 steps_per_epoch: int, loops: Sequence[tuple[int, int]],
+                 steps_per_epoch: int, loops: Iterable[tuple[int, int]],
                  context: tf.distribute.InputContext) -> tf.data.Dataset:
   """Yields, per loop, the example indices of each of its steps.
 
@@ -101,7 +101,9 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
     global_batch_size: examples per step across all replicas.
     steps_per_epoch: steps per epoch.
     loops: the (first step, end step) of each loop, in order; none may cross
-      an epoch's end.
+      an epoch's end. Iterated lazily, one epoch's loops at a time (and
+      anew by each iterator of the dataset), so they may be as many as a
+      run of any length has.
     context: this input pipeline's place among the replicas.
 
   Returns:
@@ -114,17 +116,7 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
   share_size = local_replicas * per_replica
   passes_per_epoch = -(-steps_per_epoch * global_batch_size // num_examples)
 
-  # The loops of each epoch, as offsets of steps within it.
-  by_epoch = [(epoch, [(start - epoch * steps_per_epoch,
-                        end - epoch * steps_per_epoch) for start, end in group])
-              for epoch, group in itertools.groupby(
-                  loops, key=lambda loop: loop[0] // steps_per_epoch)]
-  epochs = tf.constant([epoch for epoch, _ in by_epoch], tf.int64)
-  bounds = tf.ragged.constant([ranges for _, ranges in by_epoch],
-                              inner_shape=(2,), dtype=tf.int64)
-
-  def epoch_chunks(position):
-    epoch = epochs[position]
+  def epoch_chunks(epoch, bounds):
     orders = [
         tf.random.experimental.stateless_shuffle(
             tf.range(num_examples),
@@ -135,10 +127,14 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
     order = tf.concat(orders, axis=0)[:steps_per_epoch * global_batch_size]
     shares = tf.reshape(order, [steps_per_epoch, global_batch_size])[
         :, share_start:share_start + share_size]
-    return tf.data.Dataset.from_tensor_slices(bounds[position]).map(
+    return tf.data.Dataset.from_tensor_slices(bounds).map(
         plain(lambda bound: shares[bound[0]:bound[1]]))
 
-  chunks = tf.data.Dataset.range(len(by_epoch)).flat_map(plain(epoch_chunks))
+  chunks = tf.data.Dataset.from_generator(
+      lambda: _loops_by_epoch(loops, steps_per_epoch),
+      output_signature=(tf.TensorSpec([], tf.int64),
+                        tf.TensorSpec([None, 2], tf.int64)),
+  ).flat_map(plain(epoch_chunks))
   if local_replicas > 1:
     # A pipeline feeds its local replicas consecutive elements: replica r
     # gets columns [r * b, (r + 1) * b) of the share.
@@ -146,6 +142,16 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
         tf.reshape(rows, [-1, local_replicas, per_replica]), [1, 0, 2])))
     chunks = chunks.unbatch()
   return chunks.prefetch(2)
+
+
+def _loops_by_epoch(loops: Iterable[tuple[int, int]], steps_per_epoch: int
+                    ) -> Iterator[tuple[int, np.ndarray]]:
+  """Each epoch and its loops, as offsets of steps within it."""
+  for epoch, group in itertools.groupby(
+      loops, key=lambda loop: loop[0] // steps_per_epoch):
+    first = epoch * steps_per_epoch
+    yield epoch, np.array([(start - first, end - first)
+                           for start, end in group], np.int64).reshape(-1, 2)
 
 
 def plain(function):

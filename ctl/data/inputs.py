@@ -16,7 +16,7 @@ Per loop: `loop_value(iterator, num_steps)` once, then for step i
 `replica_batch(step_value, i)` on each replica.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import tensorflow as tf
@@ -44,7 +44,7 @@ class InMemoryInput:
     self._pad_loops_to = pad_loops_to
     data.materialize()
 
-  def make_iterator(self, loops: Sequence[tuple[int, int]]):
+  def make_iterator(self, loops: Iterable[tuple[int, int]]):
     """The iterator over the given loops' (first step, end step)."""
     return iter(self._strategy.distribute_datasets_from_function(
         lambda context: in_memory.train_chunks(
@@ -80,7 +80,7 @@ class DatasetInput:
                             else dataset)
     self.checkpointable = {'iterator': self._iterator}
 
-  def make_iterator(self, loops: Sequence[tuple[int, int]]):
+  def make_iterator(self, loops: Iterable[tuple[int, int]]):
     del loops  # The iterator's own state is the position.
     return self._iterator
 

@@ -8,7 +8,7 @@ checkpoints happen at exact steps, the same on every worker (metric reads
 and checkpoint saves are collectives under MultiWorkerMirroredStrategy).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 import dataclasses
 import datetime
 import math
@@ -68,20 +68,11 @@ class TrainLoop:
     self._on_logs = on_logs
     self._on_first_step = on_first_step
 
-  def plan(self, step: int) -> list[tuple[int, int]]:
-    """The (first step, end step) of each loop from `step` to the end.
+  def plan(self, step: int) -> 'Plan':
+    """The loops from `step` to the end (see Plan)."""
+    return Plan(step, self._length.total_steps, self._steps_to_next_stop)
 
-    A loop ends at every epoch end and every step an action is due, after
-    at most steps_per_loop steps. The first is one step: it traces the
-    functions, and its end times the start-up exactly.
-    """
-    loops = [(step, step + 1)]
-    while loops[-1][1] < self._length.total_steps:
-      start = loops[-1][1]
-      loops.append((start, start + self._steps_to_next_stop(start)))
-    return loops
-
-  def run(self, iterator, loops: Sequence[tuple[int, int]]) -> None:
+  def run(self, iterator, loops: 'Plan') -> None:
     """Runs the planned loops and the actions due after each.
 
     Raises:
@@ -91,8 +82,8 @@ class TrainLoop:
     """
     total_steps = self._length.total_steps
     logging.info('Training from step %d to %d (epoch %d of %d, %d steps each)',
-                 loops[0][0], total_steps,
-                 loops[0][0] // self._length.steps_per_epoch + 1,
+                 loops.start, total_steps,
+                 loops.start // self._length.steps_per_epoch + 1,
                  self._length.num_epochs, self._length.steps_per_epoch)
     for previous_step, step in loops:
       num_steps = step - previous_step
@@ -133,6 +124,36 @@ class TrainLoop:
     for action in (*self._actions, self._checkpoint):
       stops.append(action.when.steps_until(step) or stops[0])
     return min(stops)
+
+
+class Plan:
+  """The (first step, end step) of each loop from `start` to the end.
+
+  A loop ends at every epoch end and every step an action is due, after
+  at most steps_per_loop steps. The first is one step: it traces the
+  functions, and its end times the start-up exactly.
+
+  The loops are computed as they are iterated, anew by each iteration (the
+  Python loop and the input pipeline each iterate them): nothing is held
+  for the whole run, so a run of a billion epochs starts as fast and in as
+  little memory as a run of one.
+  """
+
+  def __init__(self, start: int, total_steps: int,
+               steps_to_next_stop: Callable[[int], int]):
+    self.start = start
+    self._total_steps = total_steps
+    self._steps_to_next_stop = steps_to_next_stop
+
+  def __iter__(self) -> Iterator[tuple[int, int]]:
+    step = self.start
+    if step < self._total_steps:
+      yield step, step + 1
+      step += 1
+    while step < self._total_steps:
+      end = step + self._steps_to_next_stop(step)
+      yield step, end
+      step = end
 
 
 class Reporter:
