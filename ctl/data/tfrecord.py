@@ -219,14 +219,23 @@ class TFRecordSource:
                known_counts: Mapping[str, Mapping[str, int]] | None = None):
     self.pattern = pattern
     self.spec = dict(spec)
-    self.files = find_files(pattern)
-    check_spec(self.files[0], self.spec)
+    files = find_files(pattern)
+    check_spec(files[0], self.spec)
     # How many batches each pipeline can fill. Reading a file through to
     # count it also finds a corrupt one now, with its name.
-    self.counts = [_known_count(path, known_counts or {})
-                   or count_records(path) for path in self.files]
-    if not sum(self.counts):
+    counts = [_known_count(path, known_counts or {}) or count_records(path)
+              for path in files]
+    if not sum(counts):
       raise errors.CtlError(f'The files {pattern!r} hold no records.')
+    # An empty file is left out, named: a pipeline given it would have less
+    # data than the others, and every pipeline stops where the first does.
+    empty = [path for path, count in zip(files, counts) if not count]
+    if empty:
+      logging.warning('%d file(s) matching %r hold no records and are left '
+                      'out (a writer that failed?): %s', len(empty), pattern,
+                      ', '.join(empty))
+    self.files = [path for path, count in zip(files, counts) if count]
+    self.counts = [count for count in counts if count]
     track(self)
 
   def find_fault(self) -> errors.CtlError | None:

@@ -148,7 +148,8 @@ class Checkpointer:
       return (f'The previous checkpoint, {path}, restores correctly: to '
               f'resume from it, move {failed}.* out of {self.directory} '
               '(e.g. into a new directory) and run the same command again. ')
-    return ''
+    return (f'No earlier checkpoint in {self.directory} restores into this '
+            'task (config.intervals.keep_checkpoints keeps the last ones). ')
 
   def save(self, step: int) -> None:
     """Saves the state as checkpoint number `step` (on every worker).

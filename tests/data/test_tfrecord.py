@@ -94,6 +94,21 @@ def test_fewer_files_than_pipelines_shards_by_record_with_a_warning(
   assert sorted(shares[0] + shares[1]) == list(range(12))
 
 
+def test_an_empty_file_is_named_and_left_out(tmp_path, caplog):
+  pattern = _write_files(tmp_path, num_files=3, per_file=12)
+  empty = tmp_path / 'part-1.tfrecord'
+  empty.write_bytes(b'')
+  with caplog.at_level(logging.WARNING):
+    source = tfrecord.TFRecordSource(pattern, SPEC)
+  assert f'hold no records and are left out (a writer that failed?): {empty}' in caplog.text
+  # Files 0 and 2 are shared by the two pipelines: neither reads nothing.
+  assert source.steps_per_epoch(_context(0, 2), 2) == 6
+  shares = [_labels(_train(pattern, _context(pipeline, 2)))
+            for pipeline in range(2)]
+  assert sorted(shares[0] + shares[1]) == sorted(
+      f * 1000 + i for f in (0, 2) for i in range(12))
+
+
 def test_pipelines_fill_the_same_number_of_batches(tmp_path):
   # Files of 12, 3, 12, 3 records: pipeline 0 reads 24, pipeline 1 reads
   # 6, so each yields 3 batches of 2 (workers must agree on the steps).
