@@ -40,8 +40,12 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
     return {'export': export_lib.export_run(config, workdir,
                                              checkpoint=checkpoint or 'best')}
 
-  def export_at_end(task_info: distribution.Task) -> None:
+  def export_at_end(task_info: distribution.Task, finished_now: bool) -> None:
     if not config.export.at_end:
+      return
+    # A run that had finished is exported again only if that export was
+    # cut short (killed or failed): the same command completes it.
+    if not finished_now and export_lib.is_whole(workdir):
       return
     # With an evaluator task in the cluster, it exports, once it has
     # evaluated the last checkpoint: the best is known only then.

@@ -10,13 +10,17 @@
 
 The export is written to a folder beside it and then renamed into place,
 so workdir/export is always a whole export (briefly absent while the
-folders swap). As in TensorFlow's multi-worker tutorials, the workers that
+folders swap). A kill meanwhile leaves temporary folders that the next
+export removes, and a finished run whose export was cut short is exported
+by the same command run again. As in TensorFlow's multi-worker tutorials, the workers that
 are not the chief export too, to a temporary folder they delete: the chief
 alone writes into the workdir.
 """
 
+import glob
 import os
 import shutil
+import socket
 import tempfile
 
 from absl import logging
@@ -40,6 +44,46 @@ def export_dir(workdir: str) -> str:
   return os.path.join(workdir, EXPORT_DIR)
 
 
+def is_whole(workdir: str) -> bool:
+  """Whether workdir holds a whole export (its export.json is written
+  last, in the staging folder, before the folder is renamed into place)."""
+  return os.path.exists(os.path.join(export_dir(workdir), EXPORT_JSON))
+
+
+def _temporary(name: str, pid: int | None = None) -> str:
+  """The name of a temporary folder of process `pid` (this one) in a
+  workdir, e.g. `.export-123-host-staging-`: who made it, for the clean-up."""
+  return f'{name}-{pid or os.getpid()}-{socket.gethostname()}-'
+
+
+def _remove_leftovers(workdir: str) -> None:
+  """Removes the temporary folders of exports that were cut short: those
+  of processes of this host that are gone (another host's, or a live
+  process's, may still be in use)."""
+  for name in ('.export', f'{EXPORT_DIR}.old'):
+    for path in glob.glob(os.path.join(glob.escape(workdir), f'{name}-*')):
+      try:
+        pid = int(os.path.basename(path)[len(name) + 1:].split('-')[0])
+      except ValueError:
+        continue
+      if (os.path.basename(path).startswith(_temporary(name, pid)) and
+          not _alive(pid)):
+        logging.info('Removing %s, left by an export that was cut short.',
+                     path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+  """Whether process `pid` of this host exists."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
 def export_run(config: ml_collections.ConfigDict, workdir: str, *,
                is_chief: bool = True, checkpoint: str = 'best') -> str:
   """Exports a checkpoint of the run in workdir; returns where.
@@ -56,9 +100,13 @@ def export_run(config: ml_collections.ConfigDict, workdir: str, *,
   """
   final = export_dir(workdir)
   parent = workdir if is_chief else tempfile.gettempdir()
-  staging = tempfile.mkdtemp(prefix='.export-', dir=parent)
+  if is_chief:
+    _remove_leftovers(workdir)
+  staging = tempfile.mkdtemp(prefix=_temporary('.export') + 'staging-',
+                             dir=parent)
   # Beside the workdir's files, so that links can be made.
-  reading = tempfile.mkdtemp(prefix='.export-reading-', dir=workdir)
+  reading = tempfile.mkdtemp(prefix=_temporary('.export') + 'reading-',
+                             dir=workdir)
   try:
     path, which, snapshot = _snapshot(workdir, checkpoint, reading)
     run = load_lib.restore(config, snapshot)
@@ -137,7 +185,8 @@ def _replace(staging: str, final: str, attempts: int = 3) -> None:
   Retried: a side-car evaluator may be replacing it at the same moment.
   """
   for attempt in range(attempts):
-    old = f'{final}.old-{os.getpid()}'
+    old = os.path.join(os.path.dirname(final),
+                       _temporary(f'{EXPORT_DIR}.old') + 'replaced')
     try:
       if os.path.exists(final):
         os.replace(final, old)

@@ -45,7 +45,8 @@ _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
 
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str,
-    on_finish: Callable[[distribution.Task], None] | None = None) -> dict:
+    on_finish: Callable[[distribution.Task, bool], None] | None = None
+) -> dict:
   """Trains and evaluates config's task, resuming from workdir's checkpoint.
 
   The evaluator task of a cluster evaluates the chief's checkpoints instead
@@ -54,9 +55,10 @@ def train_and_evaluate(
   Args:
     config: the whole config (see ctl/config.py).
     workdir: where checkpoints, summaries and results go (chief only).
-    on_finish: called on every training task (with its place in the job)
-      when training has just finished, before the workers leave together;
-      or on the evaluator once it evaluated the final checkpoint.
+    on_finish: called on every training task with its place in the job
+      and whether training has just finished (False: it had finished
+      before), before the workers leave together; or on the evaluator once
+      it evaluated the final checkpoint.
 
   Returns:
     The results: final step, epoch and evaluation metrics, as saved in
@@ -79,7 +81,7 @@ def train_and_evaluate(
   if task_info.task_type == 'evaluator':
     results = evaluate_lib.evaluate_continuously(config, workdir, strategy)
     if on_finish and results.get('finished'):
-      on_finish(task_info)
+      on_finish(task_info, True)
     return results
   logging.info('Task %s of %d worker(s), %d replica(s) in sync, chief: %s',
                task_info.name, task_info.num_workers,
@@ -89,8 +91,9 @@ def train_and_evaluate(
     try:
       results = _run(config, workdir, strategy, task_info, task_class,
                      stop_signal, started)
-      if results.pop('finished_now') and on_finish:
-        on_finish(task_info)
+      finished_now = results.pop('finished_now')
+      if on_finish:
+        on_finish(task_info, finished_now)
     except errors.Preempted:
       distribution.leave_together(task_info, timeout_seconds)
       raise

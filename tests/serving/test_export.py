@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -75,3 +76,36 @@ def test_ctl_load_restores_the_best_checkpoint_for_predict(trained):
 
   latest = ctl.load(str(workdir), checkpoint='latest')
   assert latest.step == 44  # One epoch.
+
+
+@pytest.mark.slow
+def test_an_export_cut_short_by_a_kill_is_completed_by_the_same_command(
+    tmp_path):
+  workdir = tmp_path / 'run'
+  command = helpers.ctl_command(f'--config={helpers.DIGITS}:smoke',
+                                f'--workdir={workdir}')
+  job = subprocess.Popen(command, cwd=helpers.REPO, env=helpers.env_with(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    # The export starts with its temporary folders in the workdir.
+    deadline = time.monotonic() + 300
+    while not list(workdir.glob('.export-*')):
+      assert job.poll() is None, 'exited before it exported'
+      assert time.monotonic() < deadline
+      time.sleep(0.005)
+  finally:
+    job.kill()
+    job.wait()
+  print('Killed with the export whole:', (workdir / 'export' /
+                                            'export.json').exists())
+  results = (workdir / 'results.json').read_text()
+  rerun = helpers.run_ctl(f'--config={helpers.DIGITS}:smoke',
+                          f'--workdir={workdir}')
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert 'Training already finished' in rerun.stderr
+  exported = json.loads((workdir / 'export' / 'export.json').read_text())
+  assert exported['which'] == 'best'
+  assert (workdir / 'export' / 'saved_model' / 'saved_model.pb').exists()
+  assert not list(workdir.glob('.export-*'))
+  assert not list(workdir.glob('export.old-*'))
+  assert (workdir / 'results.json').read_text() == results
