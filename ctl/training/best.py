@@ -14,6 +14,7 @@ side-car evaluator reads best.json to know the value to beat.
 from collections.abc import Callable, Mapping
 import math
 import os
+import shutil
 
 from absl import logging
 import tensorflow as tf
@@ -114,6 +115,10 @@ class BestCheckpoint:
     if not self._is_chief:
       write(None)
       return
+    # Logged now, at the evaluation that found it: the files may be
+    # written in the background, and best.json names them once whole.
+    logging.info('New best %s %s at step %d: keeping it in %s', self._metric,
+                 value, step, self._directory)
     os.makedirs(self._directory, exist_ok=True)
     write(os.path.join(self._directory, f'ckpt-{step}'))
     self._pending = (step, value, flat_metrics(results), wait)
@@ -132,11 +137,13 @@ class BestCheckpoint:
     workdir_lib.write_json(os.path.join(self._directory, BEST_JSON), {
         'step': step, 'checkpoint': name, 'metric': self._metric,
         'mode': self._mode, 'value': value, 'eval': metrics})
+    # Older bests, and what a kill left of any write (TensorFlow writes a
+    # checkpoint's parts into a ckpt-<step>_temp folder first).
     for file in os.listdir(self._directory):
       if file.startswith('ckpt-') and not file.startswith(f'{name}.'):
-        os.remove(os.path.join(self._directory, file))
-    logging.info('New best %s %s at step %d: kept in %s', self._metric,
-                 value, step, self._directory)
+        _remove(os.path.join(self._directory, file))
+    logging.info('Best checkpoint of step %d written: %s', step,
+                 os.path.join(self._directory, BEST_JSON))
 
   def _value_of(self, results: Mapping) -> float:
     metrics = flat_metrics(results)
@@ -175,6 +182,14 @@ def snapshot_checkpoint(source: str, destination: str) -> bool:
   except (FileNotFoundError, tf.errors.NotFoundError):
     remove_checkpoint(destination)
     return False
+
+
+def _remove(path: str) -> None:
+  """Removes a file, or a folder with what it holds."""
+  if os.path.isdir(path):
+    shutil.rmtree(path, ignore_errors=True)
+  else:
+    os.remove(path)
 
 
 def remove_checkpoint(prefix: str) -> None:

@@ -68,3 +68,17 @@ def test_evaluate_without_a_checkpoint_says_to_train_first(tmp_path):
   with pytest.raises(errors.CtlError, match='train first'):
     evaluate.evaluate_checkpoint(helpers.digits(1), str(tmp_path))
   assert not list(tmp_path.iterdir())
+
+
+def test_a_best_checkpoint_write_cut_short_is_cleared_by_the_next_best(
+    tmp_path):
+  # A kill (or a full disk) while TensorFlow wrote the best checkpoint's
+  # parts leaves its ckpt-<step>_temp folder: it once failed every later run.
+  leftover = tmp_path / 'best' / 'ckpt-999_temp'
+  leftover.mkdir(parents=True)
+  (leftover / 'part-00000-of-00001.data-00000-of-00001').write_bytes(b'x')
+  results = run.train_and_evaluate(helpers.digits(1), str(tmp_path))
+  assert results['step'] == 44
+  assert not leftover.exists()
+  kept = json.loads((tmp_path / 'best' / 'best.json').read_text())
+  assert (tmp_path / 'best' / f'{kept["checkpoint"]}.index').exists()
