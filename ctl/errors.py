@@ -4,7 +4,8 @@ Exit codes a scheduler can act on:
   0   finished (or had finished before).
   1   failed: bad data, a mismatched checkpoint, a diverged loss, an
       unwritable workdir. Restarting will not help.
-  2   a wrong flag or config value; nothing was written.
+  2   a wrong flag or config value, a checkpoint of another cluster shape,
+      or a workdir another job trains in; nothing was written.
   42  preempted: stopped by SIGTERM after saving a checkpoint at the step it
       reached, on every worker. Restart to resume; nothing is lost.
   43  a peer worker died or stopped responding (or this worker lost the
@@ -26,6 +27,12 @@ class CtlError(Exception):
 
 class ConfigError(CtlError):
   """A config value that cannot work; raised before anything is written."""
+
+  exit_code = EXIT_USAGE
+
+
+class WorkdirInUse(CtlError):
+  """Another job trains in the workdir; nothing was written."""
 
   exit_code = EXIT_USAGE
 

@@ -10,6 +10,8 @@
     workdir/export/            SavedModel and .keras files (serving/export.py)
 """
 
+import errno
+import fcntl
 import json
 import os
 import time
@@ -38,6 +40,75 @@ def summary_dir(workdir: str, phase: str) -> str:
 
 def results_path(workdir: str) -> str:
   return os.path.join(workdir, RESULTS_FILE)
+
+
+class Lock:
+  """One trainer per workdir: an exclusive lock on the workdir folder.
+
+  A flock, which the kernel releases when the process ends, however it
+  ends: a killed job leaves nothing held, and taking it writes nothing.
+  Only the process that writes the workdir (the chief) takes it; readers
+  (the side-car evaluator, --mode=evaluate and export) do not.
+  """
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self._workdir = workdir
+    self._enabled = enabled
+    self._descriptor = None
+
+  def __enter__(self) -> 'Lock':
+    if os.path.isdir(self._workdir):
+      self.acquire()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._descriptor is not None:
+      os.close(self._descriptor)  # Releases the lock.
+      self._descriptor = None
+
+  def acquire(self) -> None:
+    """Takes the lock (once the workdir exists); a no-op once held.
+
+    Raises:
+      WorkdirInUse: another process holds it.
+    """
+    if not self._enabled or self._descriptor is not None:
+      return
+    descriptor = os.open(self._workdir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+      fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+      os.close(descriptor)
+      if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+        # A filesystem without locks (some network ones): go on unlocked.
+        logging.warning('Cannot lock workdir %s (%s): make sure no other '
+                        'job trains in it.', self._workdir, error)
+        return
+      raise errors.WorkdirInUse(
+          f'Another job trains in workdir {self._workdir} '
+          f'({_lock_holder(self._workdir)}). Nothing was written. Wait for '
+          'it to finish or stop it, then run this command again; or train '
+          'in another --workdir.') from error
+    self._descriptor = descriptor
+
+
+def _lock_holder(path: str) -> str:
+  """Who holds the flock on `path`, as /proc/locks and /proc/<pid> tell
+  (this host only)."""
+  stat = os.stat(path)
+  device = f'{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}'
+  try:
+    with open('/proc/locks') as locks:
+      for line in locks:
+        fields = line.split()
+        if 'FLOCK' in fields and fields[-3] == f'{device}:{stat.st_ino}':
+          pid = fields[-4]
+          with open(f'/proc/{pid}/cmdline', 'rb') as cmdline:
+            command = cmdline.read().replace(b'\0', b' ').decode().strip()
+          return f'process {pid} on this host: {command}'
+  except (OSError, IndexError, ValueError):
+    pass
+  return 'a process of another host, or one this host does not show'
 
 
 def prepare(workdir: str) -> None:

@@ -87,10 +87,11 @@ def train_and_evaluate(
                task_info.name, task_info.num_workers,
                strategy.num_replicas_in_sync, task_info.is_chief)
   timeout_seconds = config.distribution.timeout_seconds
-  with preemption.StopSignal() as stop_signal:
+  with preemption.StopSignal() as stop_signal, workdir_lib.Lock(
+      workdir, enabled=task_info.is_chief) as workdir_lock:
     try:
       results = _run(config, workdir, strategy, task_info, task_class,
-                     stop_signal, started)
+                     stop_signal, workdir_lock, started)
       finished_now = results.pop('finished_now')
       if on_finish:
         on_finish(task_info, finished_now)
@@ -123,7 +124,7 @@ def train_and_evaluate(
 
 
 def _run(config, workdir, strategy, task_info, task_class, stop_signal,
-         started) -> dict:
+         workdir_lock, started) -> dict:
   """train_and_evaluate, once the strategy exists."""
   assembled = assemble_lib.assemble(config, strategy, task_info, task_class)
   task, state, length = assembled.task, assembled.state, assembled.length
@@ -166,6 +167,7 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
     return {**results, 'finished_now': False}
   if task_info.is_chief:
     workdir_lib.prepare(workdir)
+    workdir_lock.acquire()  # A workdir that did not exist before.
     workdir_lib.save_config(workdir, config)
 
   evaluator = evaluation.Evaluator(
