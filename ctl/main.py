@@ -63,14 +63,22 @@ def main(argv: list[str]) -> None:
   from ctl import modes  # pylint: disable=g-import-not-at-top
   try:
     modes.run(_MODE.value, _CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
+  except KeyboardInterrupt:
+    # Ctrl-C before training took it over (preemption.StopSignal): nothing
+    # was trained, so nothing needed saving.
+    _exit_with(errors.Preempted(
+        'Ctrl-C before training started: nothing was trained or written '
+        'since the latest checkpoint. Run the same command again to start.'))
   except errors.CtlError as error:
-    if error.exit_code == errors.EXIT_PREEMPTED:
-      logging.warning('%s', error)
-    else:
-      logging.error('%s', error)
-    print(f'ctl: {error.label}: {error}', file=sys.stderr)
-    tf_process.exit_now(error.exit_code)
+    _exit_with(error)
   tf_process.exit_now(0)
+
+
+def _exit_with(error: errors.CtlError) -> None:
+  """Prints the error as one `ctl: <label>:` message (stderr, where the log
+  goes too) and exits with its code."""
+  print(f'ctl: {error.label}: {error}', file=sys.stderr, flush=True)
+  tf_process.exit_now(error.exit_code)
 
 
 def _drop_tensorflow_info(record) -> bool:

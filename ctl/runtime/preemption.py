@@ -1,4 +1,4 @@
-"""SIGTERM: finish the current loop of steps, save, and exit with code 42.
+"""SIGTERM or Ctrl-C: finish the current loop of steps, save, exit with 42.
 
 Schedulers preempt with SIGTERM and, after a grace period, SIGKILL
 (Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds). The handler
@@ -6,6 +6,8 @@ only records the request; the training loop passes it into the next
 `train_loop` call, which all-reduces it with the other workers' requests,
 so every worker stops after the same step and takes part in the same save.
 That costs no extra synchronisation, so it is used for every strategy.
+Ctrl-C (SIGINT) does the same; a second Ctrl-C stops at once, without
+saving (the latest checkpoint stays the one to resume from).
 
 Once a MultiWorkerMirroredStrategy exists, TensorFlow's runtime catches
 SIGTERM and only sets a flag of its own; a Python handler installed after
@@ -13,38 +15,55 @@ the strategy is built replaces that, so `StopSignal` must be entered after
 `distribution.build_strategy`.
 """
 
+import os
 import signal
+import sys
 import threading
 
 from absl import logging
 
+# The code of a process stopped by a second Ctrl-C, as a shell reports one
+# ended by SIGINT.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
 
 class StopSignal:
-  """A context in which SIGTERM requests a stop instead of killing."""
+  """A context in which SIGTERM and SIGINT request a stop instead of
+  killing."""
 
-  def __init__(self, signum: int = signal.SIGTERM):
-    self._signum = signum
-    self._previous = None
-    self._installed = False
+  def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM,
+                                                 signal.SIGINT)):
+    self._signums = signums
+    self._previous = {}
     self.requested = False
+    self.received = None  # The name of the signal that asked first.
 
   def __enter__(self) -> 'StopSignal':
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(self._signum, self._handle)
-      self._installed = True
+      for signum in self._signums:
+        self._previous[signum] = signal.signal(signum, self._handle)
     else:
-      logging.warning('Not on the main thread: %s will not stop training '
-                      'cleanly.', signal.Signals(self._signum).name)
+      logging.warning('Not on the main thread: SIGTERM will not stop '
+                      'training cleanly.')
     return self
 
   def __exit__(self, *exc_info) -> None:
-    if self._installed:
-      signal.signal(self._signum, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
 
   def _handle(self, signum, frame) -> None:
     del frame
+    name = 'Ctrl-C' if signum == signal.SIGINT else signal.Signals(signum).name
+    if self.requested and signum == signal.SIGINT:
+      print('ctl: error: Ctrl-C twice: stopped at once, without saving. Run '
+            'the same command again to resume from the latest checkpoint.',
+            file=sys.stderr, flush=True)
+      os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
     if not self.requested:
       logging.warning('Received %s: saving a checkpoint after this loop of '
-                      'steps, then exiting with code 42.',
-                      signal.Signals(signum).name)
+                      'steps, then exiting with code 42%s.', name,
+                      ' (Ctrl-C again: stop now, without saving)'
+                      if signum == signal.SIGINT else '')
+      self.received = name
     self.requested = True

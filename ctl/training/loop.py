@@ -111,7 +111,8 @@ class TrainLoop:
         self._checkpoint_clock.done()
       if stop and step < total_steps:
         raise errors.Preempted(
-            f'Stopped by SIGTERM after step {step} of {total_steps}, with a '
+            f'Stopped by {self._stop_signal.received or "SIGTERM"} after step '
+            f'{step} of {total_steps}, with a '
             f'checkpoint of step {step}. Run the same command again to '
             'resume from it.')
 

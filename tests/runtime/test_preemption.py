@@ -1,0 +1,58 @@
+"""Ctrl-C on ctl.main saves like SIGTERM; every stop says why once."""
+
+import re
+import signal
+
+import pytest
+
+from ctl import errors
+from ctl.runtime import preemption
+import helpers
+
+
+def _job(workdir, *overrides):
+  return helpers.Watched(helpers.ctl_command(
+      f'--config={helpers.DIGITS}:smoke', f'--workdir={workdir}',
+      '--config.num_epochs=100000', *overrides))
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_step_reached_and_exits_42(tmp_path):
+  job = _job(tmp_path)
+  try:
+    job.wait_for(r'step \d+/')
+    job.process.send_signal(signal.SIGINT)
+    assert job.wait() == errors.EXIT_PREEMPTED, job.output[-3000:]
+  finally:
+    job.kill()
+  step = int(re.search(r'Stopped by Ctrl-C after step (\d+)',
+                       job.output).group(1))
+  assert helpers.latest_checkpoint_step(tmp_path) == step
+  # One message, on its own line: not also as a log line.
+  assert len(re.findall('Stopped by Ctrl-C after step', job.output)) == 1
+  assert re.search(r'^ctl: preempted: Stopped by Ctrl-C', job.output,
+                   re.MULTILINE)
+  resumed = _job(tmp_path)
+  try:
+    resumed.wait_for(f'Training from step {step} ')
+  finally:
+    resumed.kill()
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path):
+  job = _job(tmp_path, '--config.intervals.checkpoint_epochs=0')
+  try:
+    job.wait_for(r'step \d+/')
+    job.process.send_signal(signal.SIGINT)
+    job.wait_for('Ctrl-C again: stop now')
+    job.process.send_signal(signal.SIGINT)
+    code = job.wait()
+  finally:
+    job.kill()
+  # The first may have been acted on already: then the job saved and
+  # exited 42 before the second arrived.
+  assert code in (preemption.EXIT_INTERRUPTED, errors.EXIT_PREEMPTED), (
+      job.output[-3000:])
+  if code == preemption.EXIT_INTERRUPTED:
+    assert 'ctl: error: Ctrl-C twice: stopped at once' in job.output
