@@ -6,6 +6,7 @@ actions, the loop, the results.
 """
 
 from collections.abc import Callable
+import errno
 import os
 
 from absl import logging
@@ -119,8 +120,34 @@ def train_and_evaluate(
           f'XLA cannot compile the training step: {reason}. Run with '
           f'--config.jit_compile=off (config.jit_compile='
           f'{config.jit_compile!r}). Nothing was trained.') from error
+    except (tf.errors.OpError, OSError) as error:
+      storage_error = _storage_failure(error, workdir)
+      if storage_error is None:
+        raise
+      raise storage_error from error
   distribution.leave_together(task_info, timeout_seconds)
   return results
+
+
+def _storage_failure(error: Exception, workdir: str) -> errors.CtlError | None:
+  """The error for a full disk or a workdir that vanished mid-run; None for
+  other errors. Checkpoints are whole or absent (the state file naming the
+  latest is written last), so the latest whole one is kept either way."""
+  message = str(error)
+  if not os.path.isdir(workdir):
+    return errors.CtlError(
+        f'The workdir {workdir} vanished during the run (deleted, moved or '
+        f'unmounted): {checkpointing.summary(error, 300)}. Restore it (the '
+        'latest whole checkpoint in it resumes the run) or train in a new '
+        '--workdir.')
+  if 'No space left on device' in message or getattr(
+      error, 'errno', None) == errno.ENOSPC:
+    return errors.CtlError(
+        f'The disk of {workdir} is full: {checkpointing.summary(error, 300)}. '
+        'Every checkpoint before the one being written is whole and kept. '
+        'Free some space (or lower config.intervals.keep_checkpoints), then '
+        'run the same command again to resume from the latest.')
+  return None
 
 
 def _run(config, workdir, strategy, task_info, task_class, stop_signal,
