@@ -12,8 +12,10 @@
 
 import errno
 import fcntl
+import glob
 import json
 import os
+import socket
 import time
 
 from absl import logging
@@ -111,6 +113,32 @@ def _lock_holder(path: str) -> str:
   return 'a process of another host, or one this host does not show'
 
 
+def remove_leftovers(workdir: str) -> None:
+  """Removes the temporary files of JSON writes that a kill cut short
+  (those of this host's processes that are gone: a side-car on another
+  host, or a live one here, may be writing)."""
+  host = socket.gethostname()
+  for folder in (workdir, summary_dir(workdir, 'eval'),
+                 os.path.join(workdir, 'best')):
+    for path in glob.glob(os.path.join(glob.escape(folder), '*.tmp-*')):
+      writer = path.rsplit('.tmp-', 1)[1]
+      writer_host, _, pid = writer.rpartition('-')
+      if writer_host == host and pid.isdigit() and not is_alive(int(pid)):
+        logging.info('Removing %s, left by a write that was cut short.', path)
+        os.remove(path)
+
+
+def is_alive(pid: int) -> bool:
+  """Whether process `pid` of this host exists."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Another user's.
+    return True
+  return True
+
+
 def prepare(workdir: str) -> None:
   """Creates the workdir, or fails with a clear message if it cannot be written."""
   try:
@@ -157,8 +185,12 @@ def read_json(path: str) -> dict | None:
 
 
 def write_json(path: str, content: dict) -> None:
-  """Writes JSON atomically: readers see the old file or the whole new one."""
-  temporary = f'{path}.tmp-{os.getpid()}'
+  """Writes JSON atomically: readers see the old file or the whole new one.
+
+  The temporary file is named after its writer (`<path>.tmp-<host>-<pid>`):
+  what a kill left of it is removed by remove_leftovers.
+  """
+  temporary = f'{path}.tmp-{socket.gethostname()}-{os.getpid()}'
   with open(temporary, 'w') as file:
     json.dump(content, file, indent=2, sort_keys=True)
     file.write('\n')

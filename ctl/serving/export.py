@@ -67,21 +67,10 @@ def _remove_leftovers(workdir: str) -> None:
       except ValueError:
         continue
       if (os.path.basename(path).startswith(_temporary(name, pid)) and
-          not _alive(pid)):
+          not workdir_lib.is_alive(pid)):
         logging.info('Removing %s, left by an export that was cut short.',
                      path)
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-  """Whether process `pid` of this host exists."""
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
 
 
 def export_run(config: ml_collections.ConfigDict, workdir: str, *,

@@ -195,6 +195,7 @@ def _run(config, workdir, strategy, task_info, task_class, stop_signal,
   if task_info.is_chief:
     workdir_lib.prepare(workdir)
     workdir_lock.acquire()  # A workdir that did not exist before.
+    workdir_lib.remove_leftovers(workdir)
     workdir_lib.save_config(workdir, config)
 
   evaluator = evaluation.Evaluator(

@@ -1,7 +1,9 @@
 """One trainer per workdir: a second is refused at once, naming the first;
 a killed one leaves nothing held."""
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -72,3 +74,20 @@ def test_the_same_command_submitted_twice_runs_once(tmp_path):
     assert first.wait() == errors.EXIT_PREEMPTED
   finally:
     first.kill()
+
+
+def test_what_a_kill_left_of_a_json_write_is_removed_at_the_next_start(
+    tmp_path):
+  gone = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                        capture_output=True, text=True, check=True)
+  dead, host = int(gone.stdout), socket.gethostname()
+  (tmp_path / 'eval').mkdir(parents=True)
+  leftovers = [tmp_path / f'config.json.tmp-{host}-{dead}',
+               tmp_path / 'eval' / f'results.json.tmp-{host}-{dead}']
+  in_use = [tmp_path / f'results.json.tmp-{host}-{os.getppid()}',
+            tmp_path / f'results.json.tmp-another-host-{dead}']
+  for path in leftovers + in_use:
+    path.write_text('{"half": ')
+  run.train_and_evaluate(helpers.digits(1), str(tmp_path))
+  assert not [path for path in leftovers if path.exists()]
+  assert all(path.exists() for path in in_use)
