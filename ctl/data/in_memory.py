@@ -16,8 +16,7 @@ arrays held as tensors: each element tf.data hands over costs tens of
 microseconds on a CPU (BENCHMARKS.md, "Fixed costs").
 """
 
-from collections.abc import Callable, Iterable, Iterator
-import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -91,7 +90,7 @@ class InMemory:
 
 
 def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
-                 steps_per_epoch: int, loops: Iterable[tuple[int, int]],
+                 steps_per_epoch: int, loops,
                  context: tf.distribute.InputContext) -> tf.data.Dataset:
   """Yields, per loop, the example indices of each of its steps.
 
@@ -100,10 +99,9 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
     seed: decides the order of examples.
     global_batch_size: examples per step across all replicas.
     steps_per_epoch: steps per epoch.
-    loops: the (first step, end step) of each loop, in order; none may cross
-      an epoch's end. Iterated lazily, one epoch's loops at a time (and
-      anew by each iterator of the dataset), so they may be as many as a
-      run of any length has.
+    loops: a ctl.runtime.periodic.LoopPlan: the (first step, end step) of
+      each loop, none across an epoch's end, computed in the pipeline one
+      epoch at a time (`epoch_bounds`), so a run may have any number.
     context: this input pipeline's place among the replicas.
 
   Returns:
@@ -130,11 +128,8 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
     return tf.data.Dataset.from_tensor_slices(bounds).map(
         plain(lambda bound: shares[bound[0]:bound[1]]))
 
-  chunks = tf.data.Dataset.from_generator(
-      lambda: _loops_by_epoch(loops, steps_per_epoch),
-      output_signature=(tf.TensorSpec([], tf.int64),
-                        tf.TensorSpec([None, 2], tf.int64)),
-  ).flat_map(plain(epoch_chunks))
+  chunks = tf.data.Dataset.range(*loops.epochs).flat_map(plain(
+      lambda epoch: epoch_chunks(epoch, loops.epoch_bounds(epoch))))
   if local_replicas > 1:
     # A pipeline feeds its local replicas consecutive elements: replica r
     # gets columns [r * b, (r + 1) * b) of the share.
@@ -142,16 +137,6 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
         tf.reshape(rows, [-1, local_replicas, per_replica]), [1, 0, 2])))
     chunks = chunks.unbatch()
   return chunks.prefetch(2)
-
-
-def _loops_by_epoch(loops: Iterable[tuple[int, int]], steps_per_epoch: int
-                    ) -> Iterator[tuple[int, np.ndarray]]:
-  """Each epoch and its loops, as offsets of steps within it."""
-  for epoch, group in itertools.groupby(
-      loops, key=lambda loop: loop[0] // steps_per_epoch):
-    first = epoch * steps_per_epoch
-    yield epoch, np.array([(start - first, end - first)
-                           for start, end in group], np.int64).reshape(-1, 2)
 
 
 def plain(function):

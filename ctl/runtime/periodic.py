@@ -1,9 +1,12 @@
 """When periodic work is due: every N steps (`Every`), every N seconds
-(`Periodic`). Apart from what the work is (ctl/training/loop.py)."""
+(`Periodic`), and where loops of steps end so that it falls between them
+(`LoopPlan`). Apart from what the work is (ctl/training/loop.py)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 import dataclasses
 import time
+
+import tensorflow as tf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +29,69 @@ class Every:
     """Steps from `step` to the next due step by count; None if never."""
     return min((every - step % every for every in self.steps if every),
                default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopPlan:
+  """The (first step, end step) of each loop of steps from `start` to
+  `total_steps`.
+
+  A loop ends at every epoch end and at every multiple of each of `every`
+  (the steps where some periodic work is due), after at most
+  steps_per_loop steps. The first is one step: it traces the functions,
+  and its end times the start-up exactly.
+
+  The loops are computed as they are needed: in Python by iterating the
+  plan (the training loop), in a tf.data pipeline one epoch at a time by
+  `epoch_bounds` (in-memory data). Nothing is held for the whole run, so a
+  run of a billion epochs starts as fast and in as little memory as one.
+  """
+
+  start: int
+  total_steps: int
+  steps_per_epoch: int
+  steps_per_loop: int
+  every: tuple[int, ...] = ()
+
+  def __iter__(self) -> Iterator[tuple[int, int]]:
+    step = self.start
+    while step < self.total_steps:
+      end = step + 1 if step == self.start else self._next_end(step)
+      yield step, end
+      step = end
+
+  def _next_end(self, step: int) -> int:
+    return min(step + self.steps_per_loop, self.total_steps,
+               *((step // every + 1) * every
+                 for every in (self.steps_per_epoch, *self.every)))
+
+  def epoch_bounds(self, epoch: tf.Tensor) -> tf.Tensor:
+    """The loops of epoch `epoch` (an int64 scalar), as [n, 2] int64 step
+    offsets within it: what iterating gives, computed in a graph (a
+    tf.data function)."""
+    first = epoch * self.steps_per_epoch
+    low = tf.maximum(first, self.start)
+    high = tf.minimum(first + self.steps_per_epoch, self.total_steps)
+
+    def body(step, bounds):
+      end = tf.reduce_min(tf.stack([
+          step + self.steps_per_loop, tf.constant(self.total_steps, tf.int64),
+          *((step // every + 1) * every
+            for every in (self.steps_per_epoch, *self.every))]))
+      end = tf.where(tf.equal(step, self.start), step + 1, end)
+      return end, bounds.write(bounds.size(), tf.stack([step, end]) - first)
+
+    _, bounds = tf.while_loop(
+        lambda step, _: step < high, body,
+        [low, tf.TensorArray(tf.int64, size=0, dynamic_size=True,
+                             element_shape=[2])])
+    return bounds.stack()
+
+  @property
+  def epochs(self) -> tuple[int, int]:
+    """The first epoch with a loop and the one after the last."""
+    return (self.start // self.steps_per_epoch,
+            -(-self.total_steps // self.steps_per_epoch))
 
 
 class Periodic:

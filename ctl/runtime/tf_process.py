@@ -40,16 +40,16 @@ _NOISE = (
 def quiet_start_up():
   """Within it, TensorFlow's start-up lines are hidden from stderr.
 
-  Unless TF_CPP_MIN_LOG_LEVEL is set to something else than 1, sets it to 1
-  (TensorFlow's INFO logs hidden, warnings and errors kept), captures what
-  is written to the process's stderr (file descriptor 2: the lines come
-  from C++ before that setting is read) and prints it again without
-  `_NOISE`.
+  Unless TF_CPP_MIN_LOG_LEVEL is set, sets it to 1 (TensorFlow's INFO logs
+  hidden, warnings and errors kept). Then captures what is written to the
+  process's stderr (file descriptor 2: the lines come from C++, and
+  TensorFlow prints them whatever the level) and prints it again without
+  `_NOISE`. TF_CPP_MIN_LOG_LEVEL=0 shows everything.
   """
-  if os.environ.get('TF_CPP_MIN_LOG_LEVEL', '1') != '1':
-    yield  # The user asked for a level: show everything.
+  if os.environ.get('TF_CPP_MIN_LOG_LEVEL') == '0':
+    yield  # The user asked for everything.
     return
-  os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
   sys.stderr.flush()
   saved_stderr = os.dup(2)
   with tempfile.TemporaryFile(mode='w+b') as captured:

@@ -8,7 +8,7 @@ checkpoints happen at exact steps, the same on every worker (metric reads
 and checkpoint saves are collectives under MultiWorkerMirroredStrategy).
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 import dataclasses
 import datetime
 import math
@@ -68,11 +68,16 @@ class TrainLoop:
     self._on_logs = on_logs
     self._on_first_step = on_first_step
 
-  def plan(self, step: int) -> 'Plan':
-    """The loops from `step` to the end (see Plan)."""
-    return Plan(step, self._length.total_steps, self._steps_to_next_stop)
+  def plan(self, step: int) -> periodic.LoopPlan:
+    """The loops from `step` to the end: they end where some action is due
+    by its step count."""
+    every = sorted({every for action in (*self._actions, self._checkpoint)
+                    for every in action.when.steps if every})
+    return periodic.LoopPlan(step, self._length.total_steps,
+                             self._length.steps_per_epoch,
+                             self._steps_per_loop, tuple(every))
 
-  def run(self, iterator, loops: 'Plan') -> None:
+  def run(self, iterator, loops: periodic.LoopPlan) -> None:
     """Runs the planned loops and the actions due after each.
 
     Raises:
@@ -115,46 +120,6 @@ class TrainLoop:
             f'{step} of {total_steps}, with a '
             f'checkpoint of step {step}. Run the same command again to '
             'resume from it.')
-
-  def _steps_to_next_stop(self, step: int) -> int:
-    """Steps until the next loop end, epoch end or action."""
-    until_epoch_end = (self._length.steps_per_epoch -
-                       step % self._length.steps_per_epoch)
-    stops = [self._steps_per_loop, self._length.total_steps - step,
-             until_epoch_end]
-    for action in (*self._actions, self._checkpoint):
-      stops.append(action.when.steps_until(step) or stops[0])
-    return min(stops)
-
-
-class Plan:
-  """The (first step, end step) of each loop from `start` to the end.
-
-  A loop ends at every epoch end and every step an action is due, after
-  at most steps_per_loop steps. The first is one step: it traces the
-  functions, and its end times the start-up exactly.
-
-  The loops are computed as they are iterated, anew by each iteration (the
-  Python loop and the input pipeline each iterate them): nothing is held
-  for the whole run, so a run of a billion epochs starts as fast and in as
-  little memory as a run of one.
-  """
-
-  def __init__(self, start: int, total_steps: int,
-               steps_to_next_stop: Callable[[int], int]):
-    self.start = start
-    self._total_steps = total_steps
-    self._steps_to_next_stop = steps_to_next_stop
-
-  def __iter__(self) -> Iterator[tuple[int, int]]:
-    step = self.start
-    if step < self._total_steps:
-      yield step, step + 1
-      step += 1
-    while step < self._total_steps:
-      end = step + self._steps_to_next_stop(step)
-      yield step, end
-      step = end
 
 
 class Reporter:

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl.data import in_memory
+from ctl.runtime import periodic
 
 NUM_EXAMPLES = 50
 # Features are the example's own index, so batches show which rows they hold.
@@ -22,13 +23,8 @@ def _context(pipelines=1, pipeline_id=0, replicas=1):
 
 def _loops(start_step, total_steps, steps_per_epoch, loop_length=3):
   """Loops of loop_length steps, also ending at each epoch end."""
-  loops, step = [], start_step
-  while step < total_steps:
-    end = min(step + loop_length, total_steps,
-              (step // steps_per_epoch + 1) * steps_per_epoch)
-    loops.append((step, end))
-    step = end
-  return loops
+  return periodic.LoopPlan(start_step, total_steps, steps_per_epoch,
+                           loop_length)
 
 
 def _train_rows(start_step=0, total_steps=12, seed=0, steps_per_epoch=5,
@@ -41,7 +37,7 @@ def _train_rows(start_step=0, total_steps=12, seed=0, steps_per_epoch=5,
       context=context or _context())
   chunks = [chunk.numpy() for chunk in dataset]
   assert [len(chunk) for chunk in chunks] == [end - start
-                                              for start, end in loops]
+                                              for start, end in list(loops)]
   return [rows for chunk in chunks for rows in chunk]
 
 
@@ -103,7 +99,7 @@ def test_replicas_split_the_same_global_batches(pipelines, replicas):
           loops=loops, context=_context(pipelines, pipeline_id, replicas))]
       for pipeline_id in range(pipelines)]
   step = 0
-  for loop, (start, end) in enumerate(loops):
+  for loop, (start, end) in enumerate(list(loops)):
     for in_loop in range(end - start):
       got = np.concatenate([
           chunks[loop * local_replicas + replica][in_loop]
