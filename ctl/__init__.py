@@ -14,8 +14,11 @@ flag before TensorFlow loads.
 """
 
 import importlib
+import time
 
 __version__ = '0.1.0'
+# time.monotonic() when this process imported ctl (training/speed.py).
+IMPORT_TIME = time.monotonic()
 
 _PUBLIC = {
     'Task': 'ctl.task',

@@ -126,13 +126,16 @@ def _leaves(tree, prefix=''):
   return found
 
 
+@pytest.mark.parametrize('log_level', [None, '2'])
 def test_the_log_is_one_line_per_report_without_tensorflows_start_up(
-    tmp_path):
+    tmp_path, log_level):
   scratch = tmp_path / 'tmp'
   scratch.mkdir()
   env = helpers.env_with(TMPDIR=str(scratch))
   for variable in ('TF_CPP_MIN_LOG_LEVEL', 'PYTHONDONTWRITEBYTECODE'):
     env.pop(variable, None)
+  if log_level:  # A user who asked for fewer of TensorFlow's lines.
+    env['TF_CPP_MIN_LOG_LEVEL'] = log_level
   run = helpers.run_ctl(f'--config={helpers.DIGITS}:smoke',
                         f'--workdir={tmp_path / "workdir"}', env=env)
   assert run.returncode == 0, run.stderr[-3000:]
@@ -184,3 +187,20 @@ def test_missing_mnist_exits_1_before_writing(tmp_path):
   assert run.returncode == 1
   assert 'MNIST file not found' in run.stderr
   assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_start_up_is_counted_from_python_not_from_the_shell_before_it(
+    tmp_path):
+  # The README's one-liner runs pip first; bash execs its last command in
+  # its own process, whose start time is then the shell's.
+  command = ' '.join([
+      'sleep 12 &&', 'exec', *helpers.ctl_command(
+          f'--config={helpers.DIGITS}:smoke', f'--workdir={tmp_path}',
+          '--config.total_steps=1')])
+  run = subprocess.run(['bash', '-c', command], cwd=helpers.REPO,
+                       env=helpers.env_with(), capture_output=True, text=True,
+                       timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  seconds = float(re.search(r'First step done ([\d.]+) s', run.stderr)[1])
+  assert seconds < 12, seconds

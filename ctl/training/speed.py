@@ -3,6 +3,8 @@
 import os
 import time
 
+import ctl
+
 
 class SpeedMeter:
   """Times train loops; the first (it traces the functions) is left out."""
@@ -62,7 +64,26 @@ class SpeedMeter:
     return pace * (total_steps - step)
 
 
+# Longer than Python takes to start and import ctl: a process older than
+# that ran something else first.
+_INTERPRETER_START_SECONDS = 10.0
+
+
 def process_start_time() -> float:
+  """time.monotonic() when this program started.
+
+  The process's start (Linux); but a shell execs its last command in its
+  own process, so `pip install ... && python -m ctl.main` in `bash -c`
+  started when pip did: where the process is older than Python's start-up
+  explains, the time ctl was imported instead.
+  """
+  started = _process_start_time()
+  if ctl.IMPORT_TIME - started > _INTERPRETER_START_SECONDS:
+    return ctl.IMPORT_TIME
+  return started
+
+
+def _process_start_time() -> float:
   """time.monotonic() when this process started (Linux), else now."""
   try:
     with open('/proc/self/stat') as file:
