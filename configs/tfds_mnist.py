@@ -30,8 +30,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   own prepared by its builder.
 
   Args:
-    variant: '' for the default; 'smoke' for a run of a few steps, e.g.
-      --config=configs/tfds_mnist.py:smoke (on the prepared data too).
+    variant: '' for the default; 'smoke' for a run of a few steps on a
+      stand-in of MNIST's shapes that ctl prepares offline (random images;
+      the log says so), in ~/.cache/ctl/tensorflow_datasets. Run it on
+      MNIST with --config.data.tfds.name=mnist
+      --config.data.tfds.data_dir=~/tensorflow_datasets.
   """
   # The MNIST run (model, optimizer, batches, epochs, intervals; its smoke
   # variant's few steps), reading TFDS's files.
@@ -58,4 +61,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.data.tfds.cycle_length = 4  # Files read at once.
   # Augmentation: shift each training image by up to this many pixels.
   config.data.tfds.shift = 0
+  if variant == 'smoke':
+    # ctl.data.tfds.STANDIN, prepared by ctl at the first use.
+    config.data.tfds.name = 'ctl_mnist_standin'
+    config.data.tfds.data_dir = '~/.cache/ctl/tensorflow_datasets'
   return config

@@ -30,6 +30,8 @@ import os
 import shlex
 from typing import Any
 
+from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from ctl import errors
@@ -82,6 +84,8 @@ def load_builder(name: str, data_dir: str) -> Any:
   """
   tfds = import_tfds()
   data_dir = os.path.expanduser(data_dir)
+  if name == STANDIN:
+    return _prepared_standin(tfds, data_dir)
   if tf.io.gfile.exists(os.path.join(data_dir, 'dataset_info.json')):
     return tfds.builder_from_directory(data_dir)
   if not name:
@@ -110,6 +114,44 @@ def load_builder(name: str, data_dir: str) -> Any:
         f'TFDS dataset {name!r} is not prepared in {data_dir} (it holds '
         f'{sorted(tf.io.gfile.listdir(data_dir))[:10]}). {prepare}')
   return builder
+
+
+# A dataset of MNIST's shapes that ctl prepares itself, offline: random
+# images, for smoke runs of the TFDS path (configs/tfds_mnist.py:smoke).
+STANDIN = 'ctl_mnist_standin'
+
+
+def _prepared_standin(tfds: Any, data_dir: str) -> Any:
+  """The stand-in dataset, prepared in data_dir the first time (offline)."""
+  logging.warning('data.tfds.name=%s: generated random images of MNIST\'s '
+                  'shapes (28x28 uint8, 10 classes), NOT MNIST: a smoke run '
+                  'of the TFDS pipeline, not of the model.', STANDIN)
+  version_dir = os.path.join(data_dir, STANDIN, '1.0.0')
+  if tf.io.gfile.exists(os.path.join(version_dir, 'dataset_info.json')):
+    return tfds.builder_from_directory(version_dir)
+
+  def generate(num_examples: int, seed: int):
+    rng = np.random.default_rng(seed)
+    for index in range(num_examples):
+      yield index, {'image': rng.integers(0, 256, (28, 28, 1), np.uint8),
+                    'label': int(rng.integers(0, 10))}
+
+  # Its class is made here: TFDS registers every builder class by name.
+  builder_class = type('CtlMnistStandin', (tfds.core.GeneratorBasedBuilder,), {
+      'VERSION': tfds.core.Version('1.0.0'),
+      '_info': lambda self: tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.FeaturesDict({
+              'image': tfds.features.Image(shape=(28, 28, 1)),
+              'label': tfds.features.ClassLabel(num_classes=10)})),
+      '_split_generators': lambda self, dl_manager: {
+          'train': generate(2048, 0), 'test': generate(512, 1)},
+      '_generate_examples': None,
+  }, skip_registration=True)
+  builder = builder_class(data_dir=data_dir)
+  tfds.display_progress_bar(False)  # Bars of a few seconds' work.
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+      num_shards=4, try_download_gcs=False))
+  return tfds.builder_from_directory(builder.data_dir)
 
 
 class TFDSSource(tfrecord.TFRecordSource):

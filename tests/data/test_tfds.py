@@ -260,3 +260,16 @@ def test_stopped_by_sigterm_mid_epoch_resumes_bit_identically(
   assert resumed.wait() == 0, resumed.output[-3000:]
   assert f'Training from step {step} to {TOTAL_STEPS}' in resumed.output
   assert helpers.fingerprint(resumed.output) == expected
+
+
+@pytest.mark.slow
+def test_the_smoke_config_trains_offline_on_a_stand_in_ctl_prepares(
+    tmp_path):
+  env = helpers.env_with(HOME=str(tmp_path / 'home'))
+  done = helpers.run_ctl(f'--config={CONFIG}:smoke',
+                         f'--workdir={tmp_path / "work"}', env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert 'ctl_mnist_standin: generated random images' in done.stderr
+  assert (tmp_path / 'home' / '.cache' / 'ctl' / 'tensorflow_datasets' /
+          'ctl_mnist_standin' / '1.0.0' / 'dataset_info.json').exists()
+  assert helpers.read_results(tmp_path / 'work')['step'] == 5
