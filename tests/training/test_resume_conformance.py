@@ -1,0 +1,192 @@
+"""Resume conformance: the paths users take, each stopped at a random step
+and run again, end bit-identical to an uninterrupted run.
+
+Every task kind (the built-in classifier on in-memory data, `keras_model`,
+a task's own tf.data pipeline, TFRecord files, and the example tasks),
+every topology (1 replica, 2 replicas in one process, 2 workers) and both
+signals (SIGTERM: save and exit 42; SIGKILL: resume from the latest
+checkpoint) appear, pairwise: each topology meets each signal. The step at
+which the signal is sent is drawn from a seed printed with the matrix;
+CTL_CONFORMANCE_SEED=<seed> reproduces a run.
+
+Also: a changed number of workers is refused (exit 2, the workdir as it
+was), and a stateful op before or after a shuffle is caught before
+training.
+"""
+
+import dataclasses
+import os
+import random
+import re
+import signal
+import sys
+
+import pytest
+
+from ctl import errors
+import helpers
+
+pytestmark = pytest.mark.slow
+
+SEED = int(os.environ.get('CTL_CONFORMANCE_SEED', random.randrange(10**6)))
+NOISY = str(helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py')
+TFRECORD = str(helpers.REPO / 'configs' / 'digits_tfrecord.py')
+# In-memory tasks: 40 steps of 25 an epoch, a checkpoint every 4 steps.
+SHORT = ('--config.total_steps=40', '--config.steps_per_epoch=25')
+COMMON = ('--config.deterministic=True', '--config.intervals.log_steps=1',
+          '--config.intervals.checkpoint_steps=4')
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  task: str
+  topology: str  # 'one_replica', 'two_replicas' or 'two_workers'.
+  signal: str  # 'SIGTERM' or 'SIGKILL'.
+  args: tuple[str, ...]
+
+
+CASES = [
+    Case('classification', 'two_replicas', 'SIGKILL',
+         (f'--config={helpers.DIGITS}', *SHORT,
+          '--config.model.dropout=0.3')),
+    Case('keras_model', 'two_workers', 'SIGTERM',
+         (f'--config={helpers.DIGITS}', *SHORT, '--config.task=keras_model',
+          '--config.data.name=user_modules:blobs',
+          '--config.model.name=user_modules:counting_model',
+          '--config.evaluation.best_metric=acc')),
+    Case('tf_data', 'two_workers', 'SIGKILL', (f'--config={NOISY}',)),
+    Case('tfrecord', 'two_replicas', 'SIGTERM',
+         (f'--config={TFRECORD}:smoke', '--config.data.tfrecord.shift=1')),
+    Case('regression', 'one_replica', 'SIGKILL',
+         ('--config=configs/regression.py:smoke', *SHORT)),
+    Case('clip_ema', 'two_replicas', 'SIGKILL',
+         ('--config=configs/clip_ema.py:smoke', *SHORT)),
+    Case('gan', 'two_workers', 'SIGTERM',
+         ('--config=configs/gan.py:smoke', *SHORT)),
+    Case('text', 'one_replica', 'SIGTERM', ('--config=configs/text.py:smoke',)),
+]
+
+
+def _name(case: Case) -> str:
+  return f'{case.task}-{case.topology}-{case.signal}'
+
+
+def _print_matrix() -> None:
+  print(f'\nResume conformance, seed {SEED} '
+        f'(CTL_CONFORMANCE_SEED={SEED} reproduces it):')
+  for case in CASES:
+    print(f'  {case.task:15} {case.topology:13} {case.signal}')
+
+
+@pytest.fixture(scope='module')
+def shards(tmp_path_factory):
+  """Where the TFRecord case writes its shards, at its first run."""
+  return tmp_path_factory.mktemp('data') / 'shards'
+
+
+def _start(case: Case, workdir, shards, *extra) -> list[helpers.Watched]:
+  """The case's job: one process, or one per worker."""
+  args = (*case.args, *COMMON, f'--workdir={workdir}', *extra)
+  if case.task == 'tfrecord':
+    args += (f'--config.data.tfrecord.dir={shards}',)
+  env = helpers.env_with()
+  env['PYTHONPATH'] += f':{helpers.REPO}'  # experiments/ importable.
+  if case.topology == 'two_workers':
+    return [helpers.Watched(helpers.ctl_command(*args), worker_env)
+            for worker_env in helpers.cluster_envs(2, PYTHONPATH=env[
+                'PYTHONPATH'])]
+  if case.topology == 'two_replicas':
+    return [helpers.Watched([
+        sys.executable, str(helpers.REPO / 'tests' / 'split_cpu.py'), '2',
+        *args, '--config.distribution.strategy=mirrored'], env)]
+  return [helpers.Watched(helpers.ctl_command(*args), env)]
+
+
+def _wait(jobs) -> list[int]:
+  return [job.wait() for job in jobs]
+
+
+def _kill_step(case: Case, total_steps: int) -> int:
+  """The step after which the signal is sent, drawn from the seed."""
+  draw = random.Random(f'{SEED}-{_name(case)}')
+  return draw.randint(total_steps // 4, total_steps * 3 // 4)
+
+
+@pytest.mark.parametrize('case', CASES, ids=_name)
+def test_a_stop_at_a_random_step_resumes_bit_identical(tmp_path, shards,
+                                                       case):
+  if case is CASES[0]:
+    _print_matrix()
+  reference = _start(case, tmp_path / 'reference', shards)
+  assert _wait(reference) == [0] * len(reference), reference[0].output[-3000:]
+  expected = helpers.fingerprint(reference[0].output)
+  total_steps = int(re.search(r'Training from step 0 to (\d+)',
+                              reference[0].output)[1])
+  kill_step = _kill_step(case, total_steps)
+  target = random.Random(f'{SEED}-{_name(case)}-target').randrange(
+      len(reference))
+  print(f'{_name(case)}: seed {SEED}, {case.signal} to process {target} '
+        f'after step {kill_step} of {total_steps}')
+
+  workdir = tmp_path / 'stopped'
+  jobs = _start(case, workdir, shards)
+  try:
+    jobs[target].wait_for(rf'step {kill_step}/{total_steps} ')
+    jobs[target].process.send_signal(getattr(signal, case.signal))
+    codes = _wait(jobs)
+  finally:
+    for job in jobs:
+      job.kill()
+  output = '\n'.join(job.output for job in jobs)
+  if case.signal == 'SIGTERM':
+    assert codes == [errors.EXIT_PREEMPTED] * len(jobs), output[-3000:]
+    stopped = int(re.search(r'Stopped by SIGTERM after step (\d+)',
+                            output)[1])
+    assert stopped < total_steps
+    assert helpers.latest_checkpoint_step(workdir) == stopped
+  else:
+    assert codes[target] == -signal.SIGKILL
+    assert all(code == errors.EXIT_PEER_FAILED
+               for index, code in enumerate(codes) if index != target), codes
+    stopped = helpers.latest_checkpoint_step(workdir)
+
+  resumed = _start(case, workdir, shards)
+  assert _wait(resumed) == [0] * len(resumed), resumed[0].output[-3000:]
+  assert f'Training from step {stopped} to {total_steps}' in (
+      resumed[0].output)
+  for job in resumed:
+    assert helpers.fingerprint(job.output) == expected, _name(case)
+
+
+def test_a_changed_number_of_workers_is_refused_and_changes_nothing(
+    tmp_path, shards):
+  # A task's own tf.data pipeline: each worker saved its own position.
+  case = next(case for case in CASES if case.task == 'tf_data')
+  workdir = tmp_path / 'run'
+  assert _wait(_start(case, workdir, shards)) == [0, 0]
+  before = helpers.file_stamps(workdir)
+  single = dataclasses.replace(case, topology='one_replica')
+  [job] = _start(single, workdir, shards)
+  assert job.wait() == errors.EXIT_USAGE, job.output[-3000:]
+  [line] = [line for line in job.output.splitlines()
+            if line.startswith('ctl: ')]
+  assert re.match(r'ctl: error: The checkpoint of step 48 was saved by 2 '
+                  r'worker\(s\), and this job has 1: .* Resume with 2 '
+                  r'worker\(s\), or train in a new --workdir starting from '
+                  r'these weights with --config.init_from=', line), line
+  assert helpers.file_stamps(workdir) == before
+
+
+@pytest.mark.parametrize('task', ['StatefulBeforeShuffle',
+                                  'StatefulPipeline'],
+                         ids=['before_shuffle', 'after_shuffle'])
+def test_a_stateful_op_in_the_pipeline_is_caught_before_training(tmp_path,
+                                                                 task):
+  run = helpers.run_ctl(f'--config={NOISY}:{task}', f'--workdir={tmp_path}')
+  assert run.returncode == errors.EXIT_FAILURE, run.stderr[-3000:]
+  [line] = [line for line in run.stderr.splitlines()
+            if line.startswith('ctl: ')]
+  assert line.startswith("ctl: error: The training pipeline's position "
+                         'cannot be saved: RandomUniform is stateful')
+  assert 'Training from step' not in run.stderr
+  assert not (tmp_path / 'checkpoints').exists()
