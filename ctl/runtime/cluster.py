@@ -30,6 +30,8 @@ class Cluster:
   jobs: dict[str, tuple[str, ...]]  # Job name -> its tasks' "host:port".
   task_type: str
   task_index: int
+  # Where the cluster was read from, as messages name it.
+  source: str = 'TF_CONFIG'
 
   @property
   def task_name(self) -> str:

@@ -11,7 +11,12 @@ it lasts about as long as the peers take to enter theirs too.
 
 While it waits, each task listens at its own address and answers a
 one-line greeting naming its cluster and itself; it probes each peer's
-address the same way. A task goes on once it has heard every peer *and*
+address the same way. A peer that stops during the wait must not leave
+the others waiting out the timeout: one that exits (SIGTERM, an error)
+tells the peers it can reach that it is leaving, and one killed outright
+is noticed when its address, which answered, stops accepting connections
+before that peer has heard this task. A peer's host name that does not
+resolve for `_UNRESOLVED_SECONDS` is a wrong cluster, not a late peer. A task goes on once it has heard every peer *and*
 every peer has heard it: after that nothing needs its listener, which it
 closes so that TensorFlow's server can take the port. Waiting for the
 second half is what makes this safe: a task that went on after hearing
@@ -37,8 +42,22 @@ from ctl import errors
 from ctl.runtime.cluster import Cluster
 
 # A probe greets with, and a listener answers, one line:
-# `ctl-start-up <cluster fingerprint> <task name>`.
+# `ctl-start-up <cluster fingerprint> <task name>`; a task that leaves
+# during the wait sends `ctl-start-up-leaving <cluster fingerprint> <task>`.
 _GREETING = 'ctl-start-up'
+_LEAVING = 'ctl-start-up-leaving'
+# How long a peer's host name may fail to resolve before the cluster is
+# taken for wrong (exit 2): Kubernetes creates a pod's DNS name when the
+# pod starts, which can lag the other pods by some seconds; a name that
+# still does not resolve after a minute is a typo or a wrong node list.
+_UNRESOLVED_SECONDS = 60.0
+# Probes refused in a row, of a peer that had answered and has not heard
+# this task, before it counts as gone (one refusal could be the moment a
+# peer that is done closes its listener).
+_GONE_AFTER_REFUSALS = 2
+# The longest a leaving task spends telling one peer.
+_LEAVING_SECONDS = 0.5
+_DONE_GONE_AFTER_REFUSALS = 15
 # Seconds between rounds of probes, and the longest a probe waits to
 # connect and then to be answered; a listener waits as long for a greeting.
 _ROUND_SECONDS = 0.2
@@ -52,6 +71,7 @@ class _Heard(enum.Enum):
   """What a probe of a peer's address found."""
 
   NOTHING = 'nothing accepts connections there'
+  UNRESOLVED = 'its host name does not resolve'
   SOMETHING_ELSE = ('something accepts connections there, but it is not a '
                     'ctl task (another program holds the port?)')
   OTHER_CLUSTER = ('a ctl task of another cluster answers there (started '
@@ -60,7 +80,8 @@ class _Heard(enum.Enum):
 
 
 def wait_for_peers(cluster: Cluster, timeout_seconds: float,
-                   should_stop: Callable[[], bool]) -> bool:
+                   should_stop: Callable[[], bool],
+                   unresolved_seconds: float = _UNRESOLVED_SECONDS) -> bool:
   """Returns once every peer has started and has heard from this task.
 
   See the module docstring for how. The listener at this task's address is
@@ -70,14 +91,17 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
     cluster: the cluster; its `peers` are waited for.
     timeout_seconds: how long to wait; 0 waits for ever.
     should_stop: called between probes; when it returns True, the wait
-      ends and False is returned.
+      ends (the peers are told this task leaves) and False is returned.
+    unresolved_seconds: how long a peer's host name may not resolve.
 
   Returns:
     True once the peers are there; False if should_stop() said so first.
 
   Raises:
-    PeerFailure: the peers were not all there within timeout_seconds; the
-      message names the ones missing and what was found at their addresses.
+    PeerFailure: the peers were not all there within timeout_seconds (the
+      message names the ones missing and what was found at their
+      addresses), or one left or was killed meanwhile (named).
+    ConfigError: a peer's host name did not resolve for unresolved_seconds.
     CtlError: this task cannot listen at its own address.
   """
   peers = cluster.peers
@@ -87,32 +111,118 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
   deadline = started + (timeout_seconds or math.inf)
   next_report = started + _REPORT_SECONDS
   heard = dict.fromkeys(peers, (_Heard.NOTHING, 'not probed yet'))
+  refusals = dict.fromkeys(peers, 0)  # In a row, since it answered.
+  in_tensorflow = set()  # Done: TensorFlow's server holds their port.
+  unresolved_since = {}
   with _Listener(cluster) as listener:
-    while True:
-      for peer in peers:
-        if should_stop():
-          return False
-        if heard[peer][0] is not _Heard.PEER:
-          heard[peer] = _probe(cluster, peer)
-      heard_from = listener.heard_from()
-      if (all(found is _Heard.PEER for found, _ in heard.values()) and
-          heard_from >= set(peers)):
-        return True
-      missing = _missing(cluster, heard, heard_from)
-      now = time.monotonic()
-      if now >= deadline:
-        raise errors.PeerFailure(
-            'The cluster did not form within '
-            f'distribution.startup_timeout_seconds={timeout_seconds:g}: '
-            f'{missing}. This task ({cluster.task_name} at '
-            f'{cluster.address}) gives up without training; restart all '
-            'workers of the job together, and check that every one of them '
-            'starts with the same TF_CONFIG cluster.')
-      if now >= next_report:
-        logging.info('Still waiting for the cluster after %.0f s: %s.',
-                     now - started, missing)
-        next_report = now + _REPORT_SECONDS
-      time.sleep(_ROUND_SECONDS)
+    try:
+      while True:
+        for peer in peers:
+          if should_stop():
+            _tell_leaving(cluster, heard)
+            return False
+          if peer not in in_tensorflow:
+            _probe_again(cluster, peer, heard, refusals, unresolved_since,
+                         in_tensorflow, listener.heard_from())
+        heard_from = listener.heard_from()
+        _check_peers(cluster, listener.left(), refusals, heard_from,
+                     unresolved_since, unresolved_seconds)
+        if (all(found is _Heard.PEER for found, _ in heard.values()) and
+            heard_from >= set(peers)):
+          return True
+        missing = _missing(cluster, heard, heard_from)
+        now = time.monotonic()
+        if now >= deadline:
+          raise errors.PeerFailure(
+              'The cluster did not form within '
+              f'distribution.startup_timeout_seconds={timeout_seconds:g}: '
+              f'{missing}. This task ({cluster.task_name} at '
+              f'{cluster.address}) gives up without training; restart all '
+              'workers of the job together, and check that every one of '
+              f'them starts with the same cluster ({cluster.source}).')
+        if now >= next_report:
+          logging.info('Still waiting for the cluster after %.0f s: %s.',
+                       now - started, missing)
+          next_report = now + _REPORT_SECONDS
+        time.sleep(_ROUND_SECONDS)
+    except BaseException:
+      # Leaving (a failure, Ctrl-C): the peers need not wait for this task.
+      _tell_leaving(cluster, heard)
+      raise
+
+
+def _probe_again(cluster: Cluster, peer: str, heard: dict, refusals: dict,
+                 unresolved_since: dict, in_tensorflow: set,
+                 heard_from: set[str]) -> None:
+  """Probes a peer and records what answered: a peer that answered before
+  is still probed, so that one killed since is noticed (refusals), and one
+  done (it heard this task, and something else holds its port now) is
+  left alone."""
+  found, detail = _probe(cluster, peer)
+  if heard[peer][0] is _Heard.PEER and found is not _Heard.PEER:
+    if found is _Heard.SOMETHING_ELSE and peer in heard_from:
+      in_tensorflow.add(peer)
+    elif found is _Heard.NOTHING:
+      refusals[peer] += 1
+  else:
+    heard[peer], refusals[peer] = (found, detail), 0
+  if found is _Heard.UNRESOLVED:
+    unresolved_since.setdefault(peer, time.monotonic())
+  else:
+    unresolved_since.pop(peer, None)
+
+
+def _check_peers(cluster: Cluster, left: set[str], refusals: dict,
+                 heard_from: set[str], unresolved_since: dict,
+                 unresolved_seconds: float) -> None:
+  """Raises when a peer left or is gone, or its name does not resolve.
+
+  Raises:
+    PeerFailure: a peer said it is leaving, or it had answered and its
+      address now refuses connections.
+    ConfigError: a peer's host name has not resolved for
+      unresolved_seconds.
+  """
+  for peer in sorted(left):
+    raise errors.PeerFailure(
+        f'{peer} at {cluster.address_of(peer)} stopped while the cluster '
+        f'formed. This task ({cluster.task_name}) gives up without training; '
+        'restart all workers of the job together.')
+  for peer, count in refusals.items():
+    # One that heard this task may be done, between closing its listener
+    # and TensorFlow's server taking the port: allowed a longer while.
+    if count >= (_GONE_AFTER_REFUSALS if peer not in heard_from else
+                 _DONE_GONE_AFTER_REFUSALS):
+      raise errors.PeerFailure(
+          f'{peer} at {cluster.address_of(peer)} had started and is gone '
+          '(killed?) while the cluster formed. This task '
+          f'({cluster.task_name}) gives up without training; restart all '
+          'workers of the job together.')
+  now = time.monotonic()
+  for peer, since in unresolved_since.items():
+    if now - since >= unresolved_seconds:
+      host = cluster.address_of(peer).rpartition(':')[0]
+      raise errors.ConfigError(
+          f'The host name of {peer}, {host!r}, has not resolved for '
+          f'{unresolved_seconds:g} s: the cluster ({cluster.source}) names '
+          'a host that does not exist. Correct it; nothing was trained.')
+
+
+def _tell_leaving(cluster: Cluster, heard: dict) -> None:
+  """Tells every peer that listens that this task is leaving (best effort:
+  one not listening yet is not waited for)."""
+  for peer, (found, _) in heard.items():
+    if found is _Heard.UNRESOLVED:
+      continue
+    host, _, port = cluster.address_of(peer).rpartition(':')
+    try:
+      with socket.create_connection((host.strip('[]'), int(port)),
+                                    timeout=_LEAVING_SECONDS) as connection:
+        connection.sendall(
+            f'{_LEAVING} {cluster.fingerprint} {cluster.task_name}\n'
+            .encode())
+    except OSError:
+      pass
 
 
 def _missing(cluster: Cluster, heard: dict, heard_from: set[str]) -> str:
@@ -145,6 +255,10 @@ def _probe(cluster: Cluster, peer: str) -> tuple[_Heard, str]:
   try:
     connection = socket.create_connection((host.strip('[]'), int(port)),
                                           timeout=_CONNECT_SECONDS)
+  except socket.gaierror as error:
+    found = (_Heard.UNRESOLVED if error.errno in _NO_SUCH_NAME
+             else _Heard.NOTHING)
+    return found, error.strerror or str(error)
   except OSError as error:
     return _Heard.NOTHING, error.strerror or str(error) or type(error).__name__
   with connection:
@@ -160,6 +274,12 @@ def _probe(cluster: Cluster, peer: str) -> tuple[_Heard, str]:
   if fields[:1] == [_GREETING]:
     return _Heard.OTHER_CLUSTER, ''
   return _Heard.SOMETHING_ELSE, ''
+
+
+# getaddrinfo's answers for a name that does not exist (not a resolver
+# that failed for now, EAI_AGAIN).
+_NO_SUCH_NAME = tuple(getattr(socket, name) for name in (
+    'EAI_NONAME', 'EAI_NODATA') if hasattr(socket, name))
 
 
 def _read_line(connection: socket.socket, limit: int = 200) -> str:
@@ -185,6 +305,7 @@ class _Listener:
   def __init__(self, cluster: Cluster):
     self._cluster = cluster
     self._heard_from = set()
+    self._left = set()
     self._lock = threading.Lock()
     self._stopping = threading.Event()
     port = int(cluster.address.rpartition(':')[2])
@@ -221,6 +342,11 @@ class _Listener:
     with self._lock:
       return set(self._heard_from)
 
+  def left(self) -> set[str]:
+    """The peers that said they are leaving."""
+    with self._lock:
+      return set(self._left)
+
   def _serve(self) -> None:
     """Answers greetings, one connection at a time, until stopped."""
     while not self._stopping.is_set():
@@ -238,6 +364,12 @@ class _Listener:
     try:
       connection.settimeout(_ANSWER_SECONDS)
       fields = _read_line(connection).split()
+      if fields[:1] == [_LEAVING]:
+        if (len(fields) == 3 and fields[1] == self._cluster.fingerprint and
+            fields[2] in self._cluster.peers):
+          with self._lock:
+            self._left.add(fields[2])
+        return
       connection.sendall(_greeting(self._cluster))
     except OSError:
       return

@@ -93,7 +93,8 @@ def from_environment(environ: Mapping[str, str],
       environ.get('SLURM_JOB_ID', '?'), environ.get('SLURM_STEP_ID', '?'),
       num_tasks, len(hosts), environ['SLURM_STEP_TASKS_PER_NODE'],
       port_source, environ.get('CUDA_VISIBLE_DEVICES', '(not set: all)'))
-  return cluster_lib.Cluster({'worker': addresses}, 'worker', rank)
+  return cluster_lib.Cluster({'worker': addresses}, 'worker', rank,
+                             source='Slurm\'s SLURM_STEP_* variables')
 
 
 def expand_hostlist(text: str) -> list[str]:

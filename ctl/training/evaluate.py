@@ -96,8 +96,11 @@ def evaluate_continuously(config: ml_collections.ConfigDict, workdir: str,
   try:
     with preemption.StopSignal() as stop_signal:
       while last['step'] < side.total_steps:
-        pending = [(step, path) for step, path in _listed(directory)
+        listed = _listed(directory)
+        pending = [(step, path) for step, path in listed
                    if step > last['step']]
+        _log_rotated_away(listed, pending, last['step'],
+                          config.intervals.keep_checkpoints)
         for step, path in pending:
           if stop_signal.requested:
             break
@@ -119,6 +122,20 @@ def evaluate_continuously(config: ml_collections.ConfigDict, workdir: str,
     side.close()
   logging.info('The evaluator is done: last evaluated step %d.', last['step'])
   return {**last, 'finished': last['step'] >= side.total_steps}
+
+
+def _log_rotated_away(listed, pending, last_step: int,
+                      keep_checkpoints: int) -> None:
+  """Says when checkpoints may have been rotated away unread: the oldest
+  kept is new, and training keeps no more than keep_checkpoints (the
+  evaluator was down, started late, or slower than training)."""
+  if (pending and pending[0] == listed[0] and
+      len(listed) >= keep_checkpoints):
+    logging.warning(
+        'Skipped any checkpoints written after step %d and before step %d: '
+        'training rotated them away (intervals.keep_checkpoints=%d) before '
+        'this evaluator read them (it was not running, or slower than '
+        'training).', max(last_step, 0), pending[0][0], keep_checkpoints)
 
 
 def _listed(directory: str) -> list[tuple[int, str]]:

@@ -10,6 +10,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -369,3 +371,90 @@ def test_a_worker_that_starts_late_joins_the_one_waiting(tmp_path):
     for worker in workers:
       worker.kill()
   assert 'Every peer has started' in workers[0].output
+
+
+def test_a_peer_that_leaves_while_the_cluster_forms_stops_the_others():
+  # Three workers, the third never starts: worker 1 gives up (SIGTERM,
+  # say) once it has been waiting a while, and says so to worker 0.
+  worker0, worker1, _ = _localhost_cluster(3)
+  rounds = []
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    leaving = pool.submit(rendezvous.wait_for_peers, worker1, 0,
+                          lambda: rounds.append(1) or len(rounds) > 15)
+    with pytest.raises(errors.PeerFailure) as raised:
+      rendezvous.wait_for_peers(worker0, 0, lambda: False)
+    assert leaving.result(timeout=60) is False
+  assert str(raised.value).startswith(
+      f'worker:1 at {worker1.address} stopped while the cluster formed.')
+
+
+_WAIT_IN_A_PROCESS = '''
+import sys
+from ctl.runtime import cluster, rendezvous
+jobs = {'worker': tuple(sys.argv[1:])}
+rounds = []
+def report():
+  rounds.append(1)
+  if len(rounds) == 15:  # 3 s of probes: worker 0 has heard this task.
+    print('waited', flush=True)
+  return False
+rendezvous.wait_for_peers(cluster.Cluster(jobs, 'worker', 1), 0, report)
+'''
+
+
+def test_a_peer_killed_while_the_cluster_forms_stops_the_others():
+  worker0, worker1, _ = _localhost_cluster(3)
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    waiting = pool.submit(rendezvous.wait_for_peers, worker0, 120,
+                          lambda: False)
+    peer = subprocess.Popen(
+        [sys.executable, '-c', _WAIT_IN_A_PROCESS, *worker0.jobs['worker']],
+        cwd=helpers.REPO, env=helpers.env_with(), stdout=subprocess.PIPE,
+        text=True)
+    try:
+      assert peer.stdout.readline() == 'waited\n'
+      peer.kill()
+      with pytest.raises(errors.PeerFailure) as raised:
+        waiting.result(timeout=60)
+    finally:
+      peer.kill()
+      peer.wait()
+  assert str(raised.value).startswith(
+      f'worker:1 at {worker1.address} had started and is gone')
+
+
+def test_a_peer_name_that_does_not_resolve_is_a_config_error_naming_it():
+  jobs = {'worker': (f'localhost:{portpicker.pick_unused_port()}',
+                     'gpu-no-such-node.invalid:8888')}
+  cluster = cluster_lib.Cluster(jobs, 'worker', 0,
+                                source="Slurm's SLURM_STEP_* variables")
+  with pytest.raises(errors.ConfigError) as raised:
+    rendezvous.wait_for_peers(cluster, 60, lambda: False,
+                              unresolved_seconds=0.5)
+  message = str(raised.value)
+  assert message.startswith("The host name of worker:1, "
+                            "'gpu-no-such-node.invalid', has not resolved")
+  assert "(Slurm's SLURM_STEP_* variables)" in message
+  assert raised.value.exit_code == errors.EXIT_USAGE
+
+
+@pytest.mark.slow
+def test_a_worker_sigtermed_during_start_up_stops_its_peers_at_once(
+    tmp_path):
+  # Three workers, the third never starts: both others wait for it.
+  args = (SMOKE, f'--workdir={tmp_path / "workdir"}')
+  envs = helpers.cluster_envs(3)
+  workers = []
+  try:
+    for env in envs[:2]:
+      workers.append(helpers.Watched(helpers.ctl_command(*args), env=env))
+      workers[-1].wait_for('Waiting up to 300 s for every peer to start', 120)
+    workers[1].process.send_signal(signal.SIGTERM)
+    codes = [worker.wait(timeout=60) for worker in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+  assert codes == [errors.EXIT_PEER_FAILED, errors.EXIT_PREEMPTED], (
+      workers[0].output[-3000:])
+  line = _assert_one_line(workers[0].output, 'error')
+  assert 'worker:1 at ' in line and 'stopped while the cluster formed' in line

@@ -45,6 +45,17 @@ def test_a_side_car_evaluates_checkpoints_as_training_writes_them(tmp_path):
   results = json.loads((workdir / 'eval' / 'results.json').read_text())
   assert results['step'] == 88
 
+  # A side-car that was down since step 11 finds 77 and 88 kept, and says
+  # that the checkpoints between were rotated away unread.
+  (workdir / 'eval' / 'results.json').write_text(json.dumps(
+      {**results, 'step': 11}))
+  late = helpers.run_ctl(*ARGS, f'--workdir={workdir}',
+                         '--mode=evaluate_continuously', timeout=300)
+  assert late.returncode == 0, late.stderr[-3000:]
+  assert ('Skipped any checkpoints written after step 11 and before step 77: '
+          'training rotated them away') in late.stderr
+  assert _evaluated_steps(late.stderr) == [77, 88]
+
   # A checkpoint deleted before the side-car read it is skipped, with a
   # log line; a new side-car goes on after the last it evaluated.
   (workdir / 'eval' / 'results.json').unlink()
