@@ -82,3 +82,20 @@ def test_a_best_checkpoint_write_cut_short_is_cleared_by_the_next_best(
   assert not leftover.exists()
   kept = json.loads((tmp_path / 'best' / 'best.json').read_text())
   assert (tmp_path / 'best' / f'{kept["checkpoint"]}.index').exists()
+
+
+def test_a_new_best_is_logged_at_the_evaluation_that_found_it(tmp_path,
+                                                              caplog):
+  caplog.set_level('INFO')
+  run.train_and_evaluate(helpers.digits(2), str(tmp_path))
+  lines = [record.getMessage() for record in caplog.records]
+  evaluations = [index for index, line in enumerate(lines)
+                 if line.startswith('eval at step ')]
+  assert len(evaluations) == 2  # At the end of each epoch.
+  assert any(line.startswith('New best accuracy') for line in lines)
+  for index, line in enumerate(lines):
+    if line.startswith('New best accuracy'):
+      step = line.split(' at step ')[1].split(':')[0]
+      # The last evaluation before it is the one of its step.
+      last = max(i for i in evaluations if i < index)
+      assert lines[last].startswith(f'eval at step {step}:'), line
