@@ -11,12 +11,7 @@ it lasts about as long as the peers take to enter theirs too.
 
 While it waits, each task listens at its own address and answers a
 one-line greeting naming its cluster and itself; it probes each peer's
-address the same way. A peer that stops during the wait must not leave
-the others waiting out the timeout: one that exits (SIGTERM, an error)
-tells the peers it can reach that it is leaving, and one killed outright
-is noticed when its address, which answered, stops accepting connections
-before that peer has heard this task. A peer's host name that does not
-resolve for `_UNRESOLVED_SECONDS` is a wrong cluster, not a late peer. A task goes on once it has heard every peer *and*
+address the same way. A task goes on once it has heard every peer *and*
 every peer has heard it: after that nothing needs its listener, which it
 closes so that TensorFlow's server can take the port. Waiting for the
 second half is what makes this safe: a task that went on after hearing
@@ -25,6 +20,12 @@ TensorFlow server that does not answer the greeting. The greeting also
 tells a peer that has not started from another program on its port, or a
 ctl task of another cluster (a stale run), which a mere TCP connect would
 take for an arrived peer.
+
+A peer that stops during the wait must not leave the others waiting out
+the timeout: one that leaves (SIGTERM, an error) tells every peer
+listening, and one killed outright is noticed when its address, which
+answered, stops accepting connections. A peer's host name that does not
+resolve for `_UNRESOLVED_SECONDS` is a wrong cluster, not a late peer.
 
 Pure Python: nothing here imports TensorFlow.
 """

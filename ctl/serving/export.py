@@ -12,9 +12,9 @@ The export is written to a folder beside it and then renamed into place,
 so workdir/export is always a whole export (briefly absent while the
 folders swap). A kill meanwhile leaves temporary folders that the next
 export removes, and a finished run whose export was cut short is exported
-by the same command run again. As in TensorFlow's multi-worker tutorials, the workers that
-are not the chief export too, to a temporary folder they delete: the chief
-alone writes into the workdir.
+by the same command run again. As in TensorFlow's multi-worker tutorials,
+the workers that are not the chief export too, to a temporary folder they
+delete: the chief alone writes into the workdir.
 """
 
 import glob
