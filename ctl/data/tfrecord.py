@@ -24,12 +24,15 @@ and why:
   draws after a restart, new ones each epoch.
 - Every pipeline yields the same number of batches per epoch (the fewest
   any pipeline can fill), so that workers agree on the epoch's steps.
-- A symbolic checkpoint (`Options.experimental_symbolic_checkpoint`): the
-  position holds where each file is read, not the records and batches
-  buffered after (re-read at restore). Measured in TF 2.21 for the digits
-  config: 12.7 KB instead of 45.5 KB. (It is not safe for every pipeline:
-  restoring one of parallel interleave, ShuffleDataset and Dataset.random
-  with it failed, "InternalError: Expected 1 components but got 0".)
+- The position is an ordinary iterator checkpoint, with the records and
+  batches buffered after each file's read position, not a symbolic one
+  (`Options.experimental_symbolic_checkpoint`, smaller: 12 KB instead of
+  about 45 KB for the digits config). In a symbolic checkpoint TF 2.21's
+  parallel interleave saves an element whose file is read to its end and
+  whose records are still buffered through that element's iterator, which
+  it has already dropped (`WriteElement`): the segfault seen while
+  `benchmarks/bench.py` saved positions, which a training process saving
+  at the same moment of an epoch would hit too.
 
 Files are checked at start: a glob that matches nothing, a missing
 directory and a feature spec that a file's first record does not match
@@ -330,13 +333,14 @@ class TFRecordSource:
         in_memory.plain(one_epoch)).map(
             in_memory.plain(parse_and_decode),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    # A symbolic checkpoint saves positions, not the buffered records and
-    # batches (re-read on restore): 12.7 KB instead of 45.5 KB for the
-    # digits config, saved in 4 ms instead of 12.
-    options = tf.data.Options()
-    options.experimental_symbolic_checkpoint = True
+    # Not a symbolic checkpoint (experimental_symbolic_checkpoint), though
+    # it is smaller: in it, the parallel interleave writes an element whose
+    # file is read to its end but whose records are still buffered by
+    # saving that element's iterator, which is gone (TF's
+    # ParallelInterleaveIterator::WriteElement): the segfault seen while
+    # saving positions in benchmarks/bench.py.
     return examples.batch(per_replica_batch_size, drop_remainder=True
-                          ).prefetch(tf.data.AUTOTUNE).with_options(options)
+                          ).prefetch(tf.data.AUTOTUNE)
 
   def eval_dataset(self, context: tf.distribute.InputContext, *,
                    per_replica_batch_size: int, decode: Decode
