@@ -334,11 +334,11 @@ class TFRecordSource:
             in_memory.plain(parse_and_decode),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     # Not a symbolic checkpoint (experimental_symbolic_checkpoint), though
-    # it is smaller: in it, the parallel interleave writes an element whose
-    # file is read to its end but whose records are still buffered by
-    # saving that element's iterator, which is gone (TF's
-    # ParallelInterleaveIterator::WriteElement): the segfault seen while
-    # saving positions in benchmarks/bench.py.
+    # it is smaller: in it, TF's parallel interleave writes an element whose
+    # file is read to its end but whose records are still buffered through
+    # that element's dropped iterator (ParallelInterleaveIterator::
+    # WriteElement, where a segfault was seen while benchmarks/bench.py
+    # saved positions; BUILD.md).
     return examples.batch(per_replica_batch_size, drop_remainder=True
                           ).prefetch(tf.data.AUTOTUNE)
 
