@@ -148,14 +148,19 @@ def test_text_pipeline_pads_per_batch_and_is_the_same_each_time(monkeypatch):
     np.testing.assert_array_equal(labels, again_labels)
 
 
-# Run in a fresh process: the CPU is split in two before TensorFlow starts.
+# Run in a fresh process: the CPU is split in two before TensorFlow starts
+# (two replicas in one process), or one process per worker (TF_CONFIG set).
 _CLIP_AFTER_ALL_REDUCE = '''
 import json
+import os
 import tensorflow as tf
 
-[cpu] = tf.config.list_physical_devices('CPU')
-tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+WORKER = (json.loads(os.environ['TF_CONFIG'])['task']['index']
+          if 'TF_CONFIG' in os.environ else None)
+if WORKER is None:
+  [cpu] = tf.config.list_physical_devices('CPU')
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import keras
 import ctl
@@ -179,7 +184,8 @@ config = config_lib.load('configs/clip_ema.py', {
     'batch_size': 2, 'optimizer.learning_rate': 0.1,
     'optimizer.momentum': 0.0, 'optimizer.clip_norm': 1.0,
     'ema.decay': 0.99})
-strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+strategy = (tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+            if WORKER is None else tf.distribute.MultiWorkerMirroredStrategy())
 task = KnownGradients(config)
 with strategy.scope():
   task.build()
@@ -189,7 +195,8 @@ def per_replica(rows):
   """rows[r] as replica r's batch of one example, with a dummy label."""
   return strategy.experimental_distribute_values_from_function(
       lambda context: (tf.constant([rows[context.replica_id_in_sync_group]]),
-                       tf.constant([0])))
+                       tf.constant([0]))) if WORKER is None else (
+          tf.constant([rows[WORKER]]), tf.constant([0]))
 
 
 def context(training):
@@ -227,15 +234,32 @@ print('RESULT ' + json.dumps({
 }))
 '''
 
+def _clip_ema_results(topology):
+  """Each process's RESULT: one of two replicas, or of two workers (each
+  process's lists then hold its one replica's values)."""
+  envs = ([helpers.env_with()] if topology == 'two_replicas' else
+          helpers.cluster_envs(2))
+  runs = [subprocess.Popen([sys.executable, '-c', _CLIP_AFTER_ALL_REDUCE],
+                           cwd=helpers.REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for env in envs]
+  results = []
+  for run in runs:
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr[-3000:]
+    [line] = [line for line in stdout.splitlines()
+              if line.startswith('RESULT ')]
+    results.append(json.loads(line.removeprefix('RESULT ')))
+  return {key: ({name: sum((r[key][name] for r in results), [])
+                 for name in results[0][key]} if key == 'logs' else
+                sum((r[key] for r in results), []))
+          for key in results[0]}
+
+
 @pytest.mark.slow
-def test_clip_ema_clips_the_sum_of_two_replicas_and_evaluates_the_ema():
-  run = subprocess.run([sys.executable, '-c', _CLIP_AFTER_ALL_REDUCE],
-                       cwd=helpers.REPO, env=helpers.env_with(),
-                       capture_output=True, text=True, timeout=300)
-  assert run.returncode == 0, run.stderr[-3000:]
-  [line] = [line for line in run.stdout.splitlines()
-            if line.startswith('RESULT ')]
-  result = json.loads(line.removeprefix('RESULT '))
+@pytest.mark.parametrize('topology', ['two_replicas', 'two_workers'])
+def test_clip_ema_clips_the_sum_of_two_replicas_and_evaluates_the_ema(
+    topology):
+  result = _clip_ema_results(topology)
 
   learning_rate = 0.1
   # The sum [3, 4] has norm 5, clipped to 1: [0.6, 0.8]. Clipping each
