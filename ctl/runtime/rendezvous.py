@@ -44,7 +44,8 @@ from ctl.runtime.cluster import Cluster
 
 # A probe greets with, and a listener answers, one line:
 # `ctl-start-up <cluster fingerprint> <task name>`; a task that leaves
-# during the wait sends `ctl-start-up-leaving <cluster fingerprint> <task>`.
+# during the wait sends `ctl-start-up-leaving <cluster fingerprint> <task>`,
+# and the peer whose host name did not resolve if that is why.
 _GREETING = 'ctl-start-up'
 _LEAVING = 'ctl-start-up-leaving'
 # How long a peer's host name may fail to resolve before the cluster is
@@ -58,6 +59,8 @@ _UNRESOLVED_SECONDS = 60.0
 _GONE_AFTER_REFUSALS = 2
 # The longest a leaving task spends telling one peer.
 _LEAVING_SECONDS = 0.5
+# As many for a peer that heard this task: it may be done, its port between
+# its listener and TensorFlow's server.
 _DONE_GONE_AFTER_REFUSALS = 15
 # Seconds between rounds of probes, and the longest a probe waits to
 # connect and then to be answered; a listener waits as long for a greeting.
@@ -146,6 +149,11 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
                        now - started, missing)
           next_report = now + _REPORT_SECONDS
         time.sleep(_ROUND_SECONDS)
+    except _Unresolved as error:
+      # The peers are told which name does not resolve, so that they exit 2
+      # too rather than 43 (a task gone), which slurm.sbatch requeues.
+      _tell_leaving(cluster, heard, error.peer)
+      raise
     except BaseException:
       # Leaving (a failure, Ctrl-C): the peers need not wait for this task.
       _tell_leaving(cluster, heard)
@@ -173,7 +181,7 @@ def _probe_again(cluster: Cluster, peer: str, heard: dict, refusals: dict,
     unresolved_since.pop(peer, None)
 
 
-def _check_peers(cluster: Cluster, left: set[str], refusals: dict,
+def _check_peers(cluster: Cluster, left: dict[str, str], refusals: dict,
                  heard_from: set[str], unresolved_since: dict,
                  unresolved_seconds: float) -> None:
   """Raises when a peer left or is gone, or its name does not resolve.
@@ -184,7 +192,10 @@ def _check_peers(cluster: Cluster, left: set[str], refusals: dict,
     ConfigError: a peer's host name has not resolved for
       unresolved_seconds.
   """
-  for peer in sorted(left):
+  for peer, unresolved in sorted(left.items()):
+    if unresolved in cluster.peers:
+      raise _unresolved(cluster, unresolved, unresolved_seconds,
+                        f' ({peer} found so and stopped)')
     raise errors.PeerFailure(
         f'{peer} at {cluster.address_of(peer)} stopped while the cluster '
         f'formed. This task ({cluster.task_name}) gives up without training; '
@@ -202,16 +213,31 @@ def _check_peers(cluster: Cluster, left: set[str], refusals: dict,
   now = time.monotonic()
   for peer, since in unresolved_since.items():
     if now - since >= unresolved_seconds:
-      host = cluster.address_of(peer).rpartition(':')[0]
-      raise errors.ConfigError(
-          f'The host name of {peer}, {host!r}, has not resolved for '
-          f'{unresolved_seconds:g} s: the cluster ({cluster.source}) names '
-          'a host that does not exist. Correct it; nothing was trained.')
+      raise _unresolved(cluster, peer, unresolved_seconds)
 
 
-def _tell_leaving(cluster: Cluster, heard: dict) -> None:
-  """Tells every peer that listens that this task is leaving (best effort:
-  one not listening yet is not waited for)."""
+class _Unresolved(errors.ConfigError):
+  """A peer's host name did not resolve (exit 2); names the peer."""
+
+  def __init__(self, message: str, peer: str):
+    super().__init__(message)
+    self.peer = peer
+
+
+def _unresolved(cluster: Cluster, peer: str, unresolved_seconds: float,
+                how: str = '') -> _Unresolved:
+  """The error for a peer whose host name has not resolved."""
+  host = cluster.address_of(peer).rpartition(':')[0]
+  return _Unresolved(
+      f'The host name of {peer}, {host!r}, has not resolved for '
+      f'{unresolved_seconds:g} s{how}: the cluster ({cluster.source}) names '
+      'a host that does not exist. Correct it; nothing was trained.', peer)
+
+
+def _tell_leaving(cluster: Cluster, heard: dict, unresolved: str = '') -> None:
+  """Tells every peer that listens that this task is leaving, and which
+  peer's name did not resolve if that is why (best effort: one not
+  listening yet is not waited for)."""
   for peer, (found, _) in heard.items():
     if found is _Heard.UNRESOLVED:
       continue
@@ -220,8 +246,8 @@ def _tell_leaving(cluster: Cluster, heard: dict) -> None:
       with socket.create_connection((host.strip('[]'), int(port)),
                                     timeout=_LEAVING_SECONDS) as connection:
         connection.sendall(
-            f'{_LEAVING} {cluster.fingerprint} {cluster.task_name}\n'
-            .encode())
+            f'{_LEAVING} {cluster.fingerprint} {cluster.task_name} '
+            f'{unresolved}'.rstrip().encode() + b'\n')
     except OSError:
       pass
 
@@ -306,7 +332,7 @@ class _Listener:
   def __init__(self, cluster: Cluster):
     self._cluster = cluster
     self._heard_from = set()
-    self._left = set()
+    self._left = {}
     self._lock = threading.Lock()
     self._stopping = threading.Event()
     port = int(cluster.address.rpartition(':')[2])
@@ -343,10 +369,11 @@ class _Listener:
     with self._lock:
       return set(self._heard_from)
 
-  def left(self) -> set[str]:
-    """The peers that said they are leaving."""
+  def left(self) -> dict[str, str]:
+    """The peers that said they are leaving, each with the peer whose name
+    did not resolve if that is why ('' otherwise)."""
     with self._lock:
-      return set(self._left)
+      return dict(self._left)
 
   def _serve(self) -> None:
     """Answers greetings, one connection at a time, until stopped."""
@@ -366,10 +393,11 @@ class _Listener:
       connection.settimeout(_ANSWER_SECONDS)
       fields = _read_line(connection).split()
       if fields[:1] == [_LEAVING]:
-        if (len(fields) == 3 and fields[1] == self._cluster.fingerprint and
+        if (len(fields) in (3, 4) and
+            fields[1] == self._cluster.fingerprint and
             fields[2] in self._cluster.peers):
           with self._lock:
-            self._left.add(fields[2])
+            self._left[fields[2]] = (fields[3:] or [''])[0]
         return
       connection.sendall(_greeting(self._cluster))
     except OSError:

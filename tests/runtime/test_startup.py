@@ -438,6 +438,27 @@ def test_a_peer_name_that_does_not_resolve_is_a_config_error_naming_it():
   assert raised.value.exit_code == errors.EXIT_USAGE
 
 
+
+def test_every_task_gives_exit_2_for_a_name_that_does_not_resolve():
+  # The first task to give up must not make the other exit 43 (requeued by
+  # slurm.sbatch): both see the same name and exit 2 by themselves.
+  jobs = {'worker': (f'localhost:{portpicker.pick_unused_port()}',
+                     f'localhost:{portpicker.pick_unused_port()}',
+                     'gpu-no-such-node.invalid:8888')}
+  clusters = [cluster_lib.Cluster(jobs, 'worker', index, source='TF_CONFIG')
+              for index in (0, 1)]
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    futures = [pool.submit(rendezvous.wait_for_peers, cluster, 60,
+                           lambda: False, unresolved_seconds=seconds)
+               for cluster, seconds in zip(clusters, (0.5, 5.0))]
+    messages = []
+    for future in futures:
+      with pytest.raises(errors.ConfigError) as raised:
+        future.result(timeout=60)
+      messages.append(str(raised.value))
+  assert "'gpu-no-such-node.invalid'" in messages[0], messages
+  assert '(worker:0 found so and stopped)' in messages[1], messages
+
 @pytest.mark.slow
 def test_a_worker_sigtermed_during_start_up_stops_its_peers_at_once(
     tmp_path):
