@@ -193,7 +193,8 @@ def _check_peers(cluster: Cluster, left: dict[str, str], refusals: dict,
       unresolved_seconds.
   """
   for peer, unresolved in sorted(left.items()):
-    if unresolved in cluster.peers:
+    # Its name for any task of the cluster, this one's included.
+    if unresolved in (*cluster.peers, cluster.task_name):
       raise _unresolved(cluster, unresolved, unresolved_seconds,
                         f' ({peer} found so and stopped)')
     raise errors.PeerFailure(
