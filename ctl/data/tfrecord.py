@@ -27,12 +27,13 @@ and why:
 - The position is an ordinary iterator checkpoint, with the records and
   batches buffered after each file's read position, not a symbolic one
   (`Options.experimental_symbolic_checkpoint`, smaller: 12 KB instead of
-  about 45 KB for the digits config). In a symbolic checkpoint TF 2.21's
-  parallel interleave saves an element whose file is read to its end and
-  whose records are still buffered through that element's iterator, which
-  it has already dropped (`WriteElement`): the segfault seen while
-  `benchmarks/bench.py` saved positions, which a training process saving
-  at the same moment of an epoch would hit too.
+  about 45 KB for the digits config). With a symbolic one, TF 2.21 saves
+  the parallel interleave's state at every record it yields, on tf.data's
+  own thread, and can segfault there (`WriteElement`) when the iterator
+  is dropped while that thread reads: 3 crashes in about 200 iterators
+  dropped mid-epoch, and the crash of `benchmarks/bench.py`, which drops
+  its iterator after timing saves (`tf_internals.
+  symbolic_checkpoint_hazard`, BUILD.md).
 
 Files are checked at start: a glob that matches nothing, a missing
 directory and a feature spec that a file's first record does not match
@@ -334,11 +335,9 @@ class TFRecordSource:
             in_memory.plain(parse_and_decode),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     # Not a symbolic checkpoint (experimental_symbolic_checkpoint), though
-    # it is smaller: in it, TF's parallel interleave writes an element whose
-    # file is read to its end but whose records are still buffered through
-    # that element's dropped iterator (ParallelInterleaveIterator::
-    # WriteElement, where a segfault was seen while benchmarks/bench.py
-    # saved positions; BUILD.md).
+    # it is smaller: with it, dropping the iterator can segfault in TF's
+    # parallel interleave (ParallelInterleaveIterator::WriteElement; see
+    # the module docstring).
     return examples.batch(per_replica_batch_size, drop_remainder=True
                           ).prefetch(tf.data.AUTOTUNE)
 

@@ -332,6 +332,9 @@ class DataPositions:
       tf_internals.check_dataset_serializable(dataset)
     except tf.errors.FailedPreconditionError as error:
       raise _unsavable(error) from error
+    hazard = tf_internals.symbolic_checkpoint_hazard(dataset)
+    if hazard is not None:  # Its saves could segfault (tf_internals).
+      raise errors.CtlError(hazard)
 
   def save(self, step: int) -> None:
     """Writes this pipeline's position at `step`; drops the oldest.

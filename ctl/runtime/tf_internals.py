@@ -128,3 +128,38 @@ def check_dataset_serializable(dataset: tf.data.Dataset) -> None:
   """
   dataset._as_serialized_graph(  # pylint: disable=protected-access
       external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
+
+
+def symbolic_checkpoint_hazard(dataset: tf.data.Dataset) -> str | None:
+  """Why saving this pipeline's position could crash the process; None
+  when it cannot.
+
+  With `tf.data.Options.experimental_symbolic_checkpoint`, TF 2.21 saves
+  a parallel interleave's state (`ParallelInterleaveIterator::
+  WriteElement`) at every element it yields, on tf.data's own thread, not
+  only when asked to save. An element that failed to start (cancelled
+  when the iterator is dropped while that thread reads, or any error)
+  has no inputs, which that save dereferences: a segfault (BUILD.md;
+  tests/data/test_tfrecord.py drops iterators so). An ordinary iterator
+  checkpoint saves only when asked, and skips such an element.
+  """
+  if not dataset.options().experimental_symbolic_checkpoint:
+    return None
+  graph = tf.compat.v1.GraphDef.FromString(
+      dataset._as_serialized_graph(  # pylint: disable=protected-access
+          external_state_policy=(
+              tf.data.experimental.ExternalStatePolicy.IGNORE)).numpy())
+  # Nested pipelines (interleave, flat_map) are functions of the library.
+  ops = {node.op for node in graph.node} | {
+      node.op for function in graph.library.function
+      for node in function.node_def}
+  if not any(op.startswith('ParallelInterleaveDataset') for op in ops):
+    return None
+  return ('The training pipeline sets tf.data.Options.'
+          'experimental_symbolic_checkpoint and reads through a parallel '
+          'interleave (Dataset.interleave with num_parallel_calls): '
+          'TensorFlow 2.21 can then crash with a segmentation fault when '
+          'the iterator is dropped or an interleaved dataset fails to '
+          'start. Remove that option (ctl saves the position as an '
+          'ordinary iterator checkpoint), or interleave without '
+          'num_parallel_calls. Nothing was written.')

@@ -125,3 +125,47 @@ def test_a_dataset_graph_serializes_unless_a_stateful_op_is_anywhere():
   with pytest.raises(tf.errors.FailedPreconditionError,
                      match='RandomUniform is stateful'):
     tf_internals.check_dataset_serializable(stateful)
+
+
+def _symbolic(dataset):
+  options = tf.data.Options()
+  options.experimental_symbolic_checkpoint = True
+  return dataset.with_options(options)
+
+
+def _parallel_interleave_per_epoch():
+  """A parallel interleave inside flat_map, as ctl's TFRecord pipeline has
+  it (a function of the graph's library)."""
+  return tf.data.Dataset.range(3).flat_map(
+      lambda epoch: tf.data.Dataset.range(4).interleave(
+          tf.data.Dataset.range, cycle_length=2, num_parallel_calls=2)
+  ).batch(2).prefetch(1)
+
+
+def test_a_symbolic_checkpoint_of_a_parallel_interleave_is_a_hazard():
+  assert tf_internals.symbolic_checkpoint_hazard(
+      _symbolic(_parallel_interleave_per_epoch())).startswith(
+          'The training pipeline sets tf.data.Options.'
+          'experimental_symbolic_checkpoint')
+  # The option set upstream still counts (Dataset.options merges inputs').
+  assert tf_internals.symbolic_checkpoint_hazard(_symbolic(
+      tf.data.Dataset.range(4)).interleave(
+          tf.data.Dataset.range, num_parallel_calls=2).batch(2)) is not None
+  # Ordinary checkpoints, or no parallel interleave: no hazard.
+  assert tf_internals.symbolic_checkpoint_hazard(
+      _parallel_interleave_per_epoch()) is None
+  assert tf_internals.symbolic_checkpoint_hazard(_symbolic(
+      tf.data.Dataset.range(4).interleave(tf.data.Dataset.range,
+                                          cycle_length=2))) is None
+
+
+def test_a_pipeline_whose_saves_could_segfault_is_refused_before_training(
+    tmp_path):
+  from ctl import errors  # pylint: disable=g-import-not-at-top
+  from ctl.runtime import checkpointing  # pylint: disable=g-import-not-at-top
+  dataset = _symbolic(_parallel_interleave_per_epoch())
+  positions = checkpointing.DataPositions(
+      {'iterator': iter(dataset)}, str(tmp_path), max_to_keep=1)
+  with pytest.raises(errors.CtlError, match='segmentation fault'):
+    positions.check_savable(dataset)
+  assert not list(tmp_path.iterdir())
