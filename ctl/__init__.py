@@ -5,6 +5,10 @@ What a user's code needs, importable as `ctl.<name>`:
     ctl.Task, ctl.StepContext     the task API (ctl/task.py)
     ctl.InMemory                  arrays that ctl batches and resumes exactly
     ctl.Image, ctl.Histogram      eval_end results shown in TensorBoard
+    ctl.Action, ctl.When,         work between loops of steps, and what it
+    ctl.Event                     sees and requests (ctl/actions.py)
+    ctl.EarlyStopping,            built-in actions
+    ctl.CsvLogger                 (ctl/training/builtin_actions.py)
     ctl.base_config()             the framework's config fields (ctl/config.py)
     ctl.classification_config()   ... and the built-in classifier's
     ctl.load(workdir)             a run's task and models, restored (ctl/serving/load.py)
@@ -26,6 +30,11 @@ _PUBLIC = {
     'InMemory': 'ctl.task',
     'Image': 'ctl.task',
     'Histogram': 'ctl.task',
+    'Action': 'ctl.actions',
+    'When': 'ctl.actions',
+    'Event': 'ctl.actions',
+    'EarlyStopping': 'ctl.training.builtin_actions',
+    'CsvLogger': 'ctl.training.builtin_actions',
     'base_config': 'ctl.config',
     'classification_config': 'ctl.config',
     'load': 'ctl.serving.load',

@@ -94,6 +94,20 @@ def base_config() -> ml_collections.ConfigDict:
   # forever.
   config.evaluation.timeout_seconds = 3600.0
 
+  # Stop training cleanly (a checkpoint, the final evaluation and export,
+  # exit 0, the reason in results.json) once an eval metric has not
+  # improved by more than min_delta for `patience` evaluations in a row
+  # (ctl.EarlyStopping). '' metric: never.
+  config.early_stopping = ml_collections.ConfigDict()
+  config.early_stopping.metric = ''  # As best_metric: 'accuracy', 'set/x'.
+  config.early_stopping.mode = 'max'  # 'max' or 'min': which way is better.
+  config.early_stopping.patience = 5
+  config.early_stopping.min_delta = 0.0
+
+  # Every logged value (training's and evaluation's) appended to
+  # workdir/metrics.csv as step,name,value rows (ctl.CsvLogger).
+  config.log_csv = False
+
   # A SavedModel (serving signature on raw inputs) and .keras files of the
   # best checkpoint, else the latest, in workdir/export/ (ctl/serving/).
   config.export = ml_collections.ConfigDict()
@@ -204,7 +218,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'distribution.all_reduce_dtype', ALL_REDUCE_DTYPES)
   _check_choice(config, 'jit_compile', JIT_COMPILES)
   _check_choice(config, 'evaluation.best_mode', BEST_MODES)
-  for key in ('batch_size', 'steps_per_loop', 'intervals.keep_checkpoints'):
+  _check_choice(config, 'early_stopping.mode', BEST_MODES)
+  for key in ('batch_size', 'steps_per_loop', 'intervals.keep_checkpoints',
+              'early_stopping.patience'):
     _check(config, key, lambda value: value >= 1, 'must be at least 1')
   for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',
               'total_steps', 'optimizer.warmup_steps', 'intervals.log_steps',

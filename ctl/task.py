@@ -40,6 +40,7 @@ from ctl import errors
 from ctl.data import in_memory
 from ctl.runtime import summaries
 from ctl.runtime import tf_internals
+from ctl import actions as actions_lib
 
 InMemory = in_memory.InMemory
 # What train_data / eval_data may return for one set.
@@ -201,11 +202,15 @@ class Task(tf.Module):
     """
     raise NotImplementedError
 
-  def eval_end(self, name: str, outputs: Mapping[str, np.ndarray]
+  def eval_end(self, name: str, outputs: Mapping[str, np.ndarray],
+               results: Mapping[str, Any]
                ) -> Mapping[str, float | Image | Histogram]:
-    """Reduces a whole eval pass's per-example outputs (AUC, a confusion
-    matrix): scalars, Image or Histogram results."""
-    del name, outputs
+    """Called after each pass over eval set `name` (every set, '' for a
+    task's one set): reduces its per-example outputs (AUC, a confusion
+    matrix; {} when eval_step returns none) and may read the pass's
+    results so far (its logs' means and eval_metrics). Returns more
+    results: scalars, Image or Histogram."""
+    del name, outputs, results
     return {}
 
   def loop_logs(self) -> Mapping[str, tf.Tensor]:
@@ -213,6 +218,12 @@ class Task(tf.Module):
     the learning rate): inside the loop's tf.function, in cross-replica
     context. The last loop's values are reported."""
     return {}
+
+  def actions(self) -> Sequence[actions_lib.Action]:
+    """The task's own actions: work between loops of steps (ctl.Action),
+    run after ctl's (the log line, evaluation) and before the checkpoint.
+    Called once, after build()."""
+    return []
 
   def serving_signature(self) -> Callable | None:
     """What an exported SavedModel serves (`--mode=export`, ctl.load).

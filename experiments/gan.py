@@ -131,8 +131,8 @@ class Gan(ctl.Task):
     return {'discriminator_belief': tf.reduce_mean(fooled),
             'sample': samples}
 
-  def eval_end(self, name: str, outputs: dict) -> dict:
-    del name
+  def eval_end(self, name: str, outputs: dict, results: dict) -> dict:
+    del name, results
     data = self.config.data
     samples, centres = outputs['sample'], modes(data)
     distances = np.linalg.norm(samples[:, None] - centres[None], axis=-1)

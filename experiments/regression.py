@@ -99,8 +99,8 @@ class Regression(ctl.Task):
     return {'loss': tf.reduce_mean(tf.square(predictions - targets)),
             'prediction': predictions[:, 0], 'target': targets[:, 0]}
 
-  def eval_end(self, name: str, outputs: dict) -> dict:
-    del name
+  def eval_end(self, name: str, outputs: dict, results: dict) -> dict:
+    del name, results
     residual = outputs['target'] - outputs['prediction']
     spread = outputs['target'] - outputs['target'].mean()
     return {'r2': float(1 - np.sum(residual**2) / np.sum(spread**2)),

@@ -1,6 +1,8 @@
 """A user's own dataset, model, loss and tasks, named in configs as
 module:function or module:Class."""
 
+import os
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -175,7 +177,7 @@ class SummarizedRegression(NoisyRegression):
     x, y = batch
     return {**logs, 'error': tf.abs(self.model(x) - y)[:, 0]}
 
-  def eval_end(self, name, outputs):
+  def eval_end(self, name, outputs, results):
     errors = outputs['error']
     return {'examples': float(len(errors)),
             'errors': ctl.Histogram(errors),
@@ -215,3 +217,63 @@ def counting_model(config, *, input_shape, num_classes):
 def three_arguments(labels, logits, weights):
   """A loss that wants a third argument: the step cannot call it."""
   return labels * logits * weights
+
+
+class StopRequest(ctl.Action):
+  """Chief-only: asks to stop after step `at`; notes each step it ran."""
+
+  when = ctl.When(steps=4)
+
+  def __init__(self, at: int):
+    self._at = at
+
+  def run(self, event):
+    with open(os.path.join(event.workdir, 'stop_request.txt'), 'a') as file:
+      file.write(f'{event.step}\n')
+    if event.step >= self._at:
+      event.request_stop(f'asked at step {event.step}')
+
+
+class StoppedByAnAction(NoisyRegression):
+  """NoisyRegression whose chief-only action stops it after step 20."""
+
+  def actions(self):
+    return [StopRequest(at=20)]
+
+
+class SeesEvalResults(NoisyRegression):
+  """eval_end reads the pass's results; there are no per-example outputs."""
+
+  def eval_end(self, name, outputs, results):
+    return {'mae_seen': results['mae'], 'outputs_seen': float(len(outputs))}
+
+
+class Requests(ctl.Action):
+  """At step 10: asks for an evaluation and a checkpoint; keeps what it saw
+  after each evaluation (its state: the steps evaluated)."""
+
+  when = ctl.When(steps=10, after_eval=True)
+
+  def __init__(self):
+    self.evaluated_at = []
+
+  def run(self, event):
+    if event.step == 10 and not event.evaluated:
+      event.request_evaluation()
+      event.request_checkpoint()
+    if event.evaluated:
+      self.evaluated_at.append(event.step)
+      with open(os.path.join(event.workdir, 'evaluated.txt'), 'w') as file:
+        file.write(' '.join(map(str, self.evaluated_at)))
+
+  def state(self):
+    return {'evaluated_at': self.evaluated_at}
+
+  def restore(self, state):
+    self.evaluated_at = state['evaluated_at']
+
+
+class MakesRequests(NoisyRegression):
+
+  def actions(self):
+    return [Requests()]

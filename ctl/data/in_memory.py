@@ -99,7 +99,7 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
     seed: decides the order of examples.
     global_batch_size: examples per step across all replicas.
     steps_per_epoch: steps per epoch.
-    loops: a ctl.runtime.periodic.LoopPlan: the (first step, end step) of
+    loops: a ctl.training.loop_plan.LoopPlan: the (first step, end step) of
       each loop, none across an epoch's end, computed in the pipeline one
       epoch at a time (`epoch_bounds`), so a run may have any number.
     context: this input pipeline's place among the replicas.

@@ -185,13 +185,17 @@ def read_json(path: str) -> dict | None:
 
 
 def write_json(path: str, content: dict) -> None:
-  """Writes JSON atomically: readers see the old file or the whole new one.
+  """Writes JSON atomically: readers see the old file or the whole new one."""
+  write_text(path, json.dumps(content, indent=2, sort_keys=True) + '\n')
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes a file atomically: readers see the old file or the whole new one.
 
   The temporary file is named after its writer (`<path>.tmp-<host>-<pid>`):
   what a kill left of it is removed by remove_leftovers.
   """
   temporary = f'{path}.tmp-{socket.gethostname()}-{os.getpid()}'
   with open(temporary, 'w') as file:
-    json.dump(content, file, indent=2, sort_keys=True)
-    file.write('\n')
+    file.write(text)
   os.replace(temporary, path)

@@ -19,6 +19,7 @@ from ctl.data import inputs
 from ctl.runtime import checkpointing
 from ctl.runtime import distribution
 from ctl.runtime import tf_internals
+from ctl import actions as actions_lib
 from ctl.training import state as state_lib
 
 
@@ -31,10 +32,13 @@ class Assembled:
   length: state_lib.TrainingLength
   context: tf.distribute.InputContext
   train_data: task_lib.Data
+  action_states: actions_lib.ActionStates
 
   def checkpoint(self) -> tf.train.Checkpoint:
-    """What training checkpoints: the task and the step counters."""
-    return state_lib.checkpoint_of(self.task, self.state)
+    """What training checkpoints: the task, the step counters and the
+    actions' states."""
+    return state_lib.checkpoint_of(self.task, self.state,
+                                   actions=self.action_states.variable)
 
   def restore(self, path: str) -> None:
     """Reads a training checkpoint's task and step, for evaluation or export.
@@ -45,7 +49,9 @@ class Assembled:
       CtlError: when the checkpoint does not fit this task's objects.
     """
     try:
-      status = self.checkpoint().read(path)
+      # Without the actions' states: evaluation and export do not need
+      # them (and a checkpoint of an earlier ctl has none).
+      status = state_lib.checkpoint_of(self.task, self.state).read(path)
       status.expect_partial().assert_existing_objects_matched()
     except Exception as error:  # pylint: disable=broad-except
       raise errors.CtlError(
@@ -73,7 +79,8 @@ def assemble(config: ml_collections.ConfigDict,
     task.build()
     state = state_lib.TrainState()
   task_lib.check_nothing_shadowed(task, config)
-  return Assembled(task, state, length, context, train_data)
+  return Assembled(task, state, length, context, train_data,
+                   actions_lib.ActionStates())
 
 
 def assemble_locally(config: ml_collections.ConfigDict,

@@ -95,7 +95,7 @@ def evaluate_continuously(config: ml_collections.ConfigDict, workdir: str,
   waiting_since = time.monotonic()
   try:
     with preemption.StopSignal() as stop_signal:
-      while last['step'] < side.total_steps:
+      while last['step'] < _final_step(workdir, side.total_steps):
         listed = _listed(directory)
         pending = [(step, path) for step, path in listed
                    if step > last['step']]
@@ -121,7 +121,15 @@ def evaluate_continuously(config: ml_collections.ConfigDict, workdir: str,
   finally:
     side.close()
   logging.info('The evaluator is done: last evaluated step %d.', last['step'])
-  return {**last, 'finished': last['step'] >= side.total_steps}
+  return {**last,
+          'finished': last['step'] >= _final_step(workdir, side.total_steps)}
+
+
+def _final_step(workdir: str, total_steps: int) -> int:
+  """Training's last step: total_steps, or where an action stopped it
+  (its results.json says so)."""
+  results = workdir_lib.read_results(workdir) or {}
+  return (results.get('stopped') or {}).get('step', total_steps)
 
 
 def _log_rotated_away(listed, pending, last_step: int,

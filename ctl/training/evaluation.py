@@ -106,9 +106,10 @@ class Evaluator:
         outputs.setdefault(key, []).append(value.numpy())
     results = self._mean_over_workers(sums)
     results.update(self._metrics.read())
-    if outputs:
-      results.update(self._task.eval_end(name, {
-          key: np.concatenate(values) for key, values in outputs.items()}))
+    # Called for every set, with or without per-example outputs.
+    results.update(self._task.eval_end(name, {
+        key: np.concatenate(values) for key, values in outputs.items()},
+                                       dict(results)))
     return results
 
   def _function(self, name: str, dataset) -> Callable:

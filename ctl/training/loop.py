@@ -1,84 +1,95 @@
-"""The Python loop around train_loop: runs loops of steps and the periodic
-actions due after each.
+"""The Python loop around train_loop: runs loops of steps and, after each,
+the actions due (ctl/actions.py).
 
-Periodic work is a list of `Action`s, each saying *when* (`periodic.Every`:
-every N steps, at epoch ends) apart from *what* (a callable of the step). Loops end at every
-step where some action is due, so that logs, summaries, evaluations and
-checkpoints happen at exact steps, the same on every worker (metric reads
-and checkpoint saves are collectives under MultiWorkerMirroredStrategy).
+Loops end at every step where some action is due by its step or epoch
+count, so that logs, summaries, evaluations, checkpoints and a task's own
+actions happen at exact steps, the same on every worker (metric reads and
+checkpoint saves are collectives under MultiWorkerMirroredStrategy). No
+action is special: the checkpoint is the last of the list, due by its
+intervals, at the end, and on request (SIGTERM, its time interval, or an
+action's).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 import dataclasses
 import datetime
 import math
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from ctl import errors
-from ctl.runtime import periodic
+from ctl.training import loop_plan
 from ctl.runtime import preemption
 from ctl.runtime import summaries
+from ctl import actions as actions_lib
 from ctl.training import metric_reading
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 
 
 @dataclasses.dataclass(frozen=True)
-class Action:
-  """Periodic work: when it is due, and what it does at a step."""
+class Stopped:
+  """Training stopped before its last step because an action asked."""
 
-  name: str
-  when: periodic.Every
-  what: Callable[[int], None]
+  step: int
+  reason: str
 
 
 class TrainLoop:
-  """Runs planned loops of steps; after each, the actions due and the checks.
-
-  Checkpoints are an action too, also due after SIGTERM (then training
-  stops), when `checkpoint_secs` passed on some worker's clock, and at the
-  end: those requests are agreed inside train_loop.
-  """
+  """Runs planned loops of steps; after each, the checks and the actions
+  due, in their order."""
 
   def __init__(self, *, runner, length: state_lib.TrainingLength,
-               steps_per_loop: int, actions: Sequence[Action],
-               checkpoint: Action, checkpoint_clock: periodic.Periodic,
-               stop_signal: preemption.StopSignal, speed: speed_lib.SpeedMeter,
-               on_logs: Callable[[dict[str, float], int, dict[str, float]],
-                                 None],
-               on_first_step: Callable[[], None]):
+               steps_per_loop: int, actions: Sequence[actions_lib.Action],
+               reporter: 'Reporter', stop_signal: preemption.StopSignal,
+               speed: speed_lib.SpeedMeter, strategy: tf.distribute.Strategy,
+               task, workdir: str, is_chief: bool, num_workers: int,
+               started: float):
     """Args as named.
 
     Args:
       runner: a ctl.training.steps.StepRunner.
-      on_logs: receives each loop's mean logs, its number of steps and its
-        loop_logs.
-      on_first_step: called once the first step is done.
+      actions: in the order they run after a loop.
+      reporter: gets each loop's logs; its report is one of the actions.
+      started: when the process started (speed_lib.process_start_time).
     """
     self._runner = runner
     self._length = length
     self._steps_per_loop = steps_per_loop
     self._actions = list(actions)
-    self._checkpoint = checkpoint
-    self._checkpoint_clock = checkpoint_clock
+    self._reporter = reporter
     self._stop_signal = stop_signal
     self._speed = speed
-    self._on_logs = on_logs
-    self._on_first_step = on_first_step
+    self._task = task
+    self._workdir = workdir
+    self._is_chief = is_chief
+    self._num_workers = num_workers
+    self._started = started
+    self._worker_sum = metric_reading.WorkerSum(strategy)
+    # The actions due by time, on some worker's clock, agreed in train_loop.
+    self._clocks = {index: actions_lib.Clock(action.when.secs)
+                    for index, action in enumerate(self._actions)
+                    if action.when.secs}
+    self.eval_results = None  # The latest evaluation's.
+    self.first_step_seconds = None
 
-  def plan(self, step: int) -> periodic.LoopPlan:
+  def plan(self, step: int) -> loop_plan.LoopPlan:
     """The loops from `step` to the end: they end where some action is due
-    by its step count."""
-    every = sorted({every for action in (*self._actions, self._checkpoint)
-                    for every in action.when.steps if every})
-    return periodic.LoopPlan(step, self._length.total_steps,
+    by its step or epoch count."""
+    every = sorted({every for action in self._actions
+                    for every in action.when.step_intervals(
+                        self._length.steps_per_epoch)})
+    return loop_plan.LoopPlan(step, self._length.total_steps,
                              self._length.steps_per_epoch,
                              self._steps_per_loop, tuple(every))
 
-  def run(self, iterator, loops: periodic.LoopPlan) -> None:
+  def run(self, iterator, loops: loop_plan.LoopPlan) -> Stopped | None:
     """Runs the planned loops and the actions due after each.
+
+    Returns:
+      Stopped when an action stopped training early; None at the end.
 
     Raises:
       Preempted: after saving, when some worker received SIGTERM.
@@ -91,35 +102,105 @@ class TrainLoop:
                  loops.start // self._length.steps_per_epoch + 1,
                  self._length.num_epochs, self._length.steps_per_epoch)
     for previous_step, step in loops:
-      num_steps = step - previous_step
-      requests = tf.constant([self._stop_signal.requested,
-                              self._checkpoint_clock.due_by_time()], tf.int32)
-      self._speed.start()
-      outputs = self._runner.train_loop(iterator, tf.constant(num_steps),
-                                        requests)
-      logs = {name: float(value) for name, value in outputs['logs'].items()}
-      loop_logs = {name: float(value)
-                   for name, value in outputs['loop_logs'].items()}
-      stop, save_now = (outputs['requests'].numpy() > 0).tolist()
-      if self._speed.stop(num_steps):
-        self._on_first_step()
-      _check_finite(logs, previous_step, step)
-      self._on_logs(logs, num_steps, loop_logs)
-      end_of_epoch = (step % self._length.steps_per_epoch == 0 or
-                      step == total_steps)
-      for action in self._actions:
-        if action.when.due(step, end_of_epoch):
-          action.what(step)
-      if (save_now or stop or step == total_steps or
-          self._checkpoint.when.due(step, end_of_epoch)):
-        self._checkpoint.what(step)
-        self._checkpoint_clock.done()
-      if stop and step < total_steps:
+      preempted, time_due = self._train(iterator, previous_step, step)
+      event = actions_lib.Event(
+          step=step, steps_per_epoch=self._length.steps_per_epoch,
+          total_steps=total_steps, task=self._task, workdir=self._workdir,
+          is_chief=self._is_chief, train_logs=self._reporter.latest,
+          eval_results=self.eval_results)
+      if preempted:
+        event.request_checkpoint()
+      self._run_actions(event, time_due)
+      # An action's stop first: its checkpoint says training ended there.
+      if 'stop' in event.requests and step < total_steps:
+        reason = event.requests['stop']
+        logging.info('Stopped at step %d of %d: %s', step, total_steps, reason)
+        return Stopped(step, reason)
+      if preempted and step < total_steps:
         raise errors.Preempted(
             f'Stopped by {self._stop_signal.received or "SIGTERM"} after step '
             f'{step} of {total_steps}, with a '
             f'checkpoint of step {step}. Run the same command again to '
             'resume from it.')
+    return None
+
+  def _train(self, iterator, previous_step: int,
+             step: int) -> tuple[bool, set[int]]:
+    """One loop of steps; whether some worker asked to stop (SIGTERM), and
+    the actions some worker's clock says are due."""
+    num_steps = step - previous_step
+    timed = sorted(self._clocks)
+    requests = tf.constant(
+        [self._stop_signal.requested,
+         *(self._clocks[index].due() for index in timed)], tf.int32)
+    self._speed.start()
+    outputs = self._runner.train_loop(iterator, tf.constant(num_steps),
+                                      requests)
+    logs = {name: float(value) for name, value in outputs['logs'].items()}
+    loop_logs = {name: float(value)
+                 for name, value in outputs['loop_logs'].items()}
+    agreed = (outputs['requests'].numpy() > 0).tolist()
+    if self._speed.stop(num_steps):
+      self.first_step_seconds = speed_lib.seconds_since(self._started)
+      logging.info('First step done %.1f s after the process started',
+                   self.first_step_seconds)
+    _check_finite(logs, previous_step, step)
+    self._reporter.add(logs, num_steps, loop_logs)
+    return agreed[0], {index for index, due in zip(timed, agreed[1:]) if due}
+
+  def _run_actions(self, event: actions_lib.Event, time_due: set[int]) -> None:
+    """Runs the actions due, in order; a request, a log line or an
+    evaluation can make later and earlier ones due. Each runs once, or
+    again for a log line or evaluation that came after it ran (a stop
+    requested after the log writes the log line at the end).
+
+    A chief-only action's requests count once the workers agreed on them
+    (one small all-reduce): every worker knows which actions are due, so
+    every worker takes part.
+    """
+    ran = {}  # {index: (logged, evaluated) when it ran}
+    while True:
+      due = next((index for index, action in enumerate(self._actions)
+                  if self._due(action, index, event, time_due, ran)), None)
+      if due is None:
+        break
+      ran[due] = (event.logged, event.evaluated)
+      action = self._actions[due]
+      if due in self._clocks:
+        self._clocks[due].reset()
+      if action.on_every_worker or self._num_workers == 1:
+        action.run(event)
+        continue
+      before = dict(event.requests)
+      if self._is_chief:
+        action.run(event)
+      made = {name: reason for name, reason in event.requests.items()
+              if name not in before}
+      event.requests = {**before, **self._agree(made)}
+    self.eval_results = event.eval_results
+
+  def _agree(self, requests: dict[str, str]) -> dict[str, str]:
+    """The chief's requests, on every worker."""
+    flags = np.array([name in requests for name in actions_lib.REQUESTS],
+                     np.float64)
+    agreed = self._worker_sum(flags)
+    return {name: requests.get(name, 'an action on the chief asked')
+            for name, flag in zip(actions_lib.REQUESTS, agreed) if flag > 0}
+
+  def _due(self, action: actions_lib.Action, index: int,
+           event: actions_lib.Event, time_due: set[int],
+           ran: dict[int, tuple[bool, bool]]) -> bool:
+    when = action.when
+    if index in ran:
+      logged, evaluated = ran[index]
+      return bool((when.after_log and event.logged and not logged) or
+                  (when.after_eval and event.evaluated and not evaluated))
+    return bool(
+        when.due_at(event.step, self._length.steps_per_epoch, event.end) or
+        (when.after_log and event.logged) or
+        (when.after_eval and event.evaluated) or
+        (when.on_request and when.on_request in event.requests) or
+        index in time_due)
 
 
 class Reporter:
@@ -132,15 +213,16 @@ class Reporter:
   def __init__(self, *, length: state_lib.TrainingLength,
                metrics: metric_reading.MetricReader,
                writer: summaries.MetricWriter, speed: speed_lib.SpeedMeter,
-               summary_every: periodic.Every):
+               summary_when: actions_lib.When):
     self._length = length
     self._metrics = metrics
     self._writer = writer
     self._speed = speed
-    self._summary_every = summary_every
+    self._summary_when = summary_when
     self._sums: dict[str, float] = {}
     self._steps = 0
-    self._latest: dict[str, float] = {}
+    self._latest: dict[str, float] = {}  # The latest loop's loop_logs.
+    self.latest: dict[str, float] = {}  # The latest report's values.
 
   def add(self, logs: dict[str, float], num_steps: int,
           loop_logs: dict[str, float]) -> None:
@@ -150,8 +232,9 @@ class Reporter:
     self._steps += num_steps
     self._latest = loop_logs
 
-  def report(self, step: int) -> None:
+  def report(self, event: actions_lib.Event) -> None:
     """Logs (and at summary steps summarises) everything since the last."""
+    step = event.step
     scalars = {name: total / self._steps for name, total in self._sums.items()
                } if self._steps else {}
     self._sums, self._steps = {}, 0
@@ -162,10 +245,11 @@ class Reporter:
       scalars['steps_per_second'] = steps_per_second
       scalars['examples_per_second'] = (
           steps_per_second * self._length.global_batch_size)
-    end_of_epoch = (step % self._length.steps_per_epoch == 0 or
-                    step == self._length.total_steps)
-    if self._summary_every.due(step, end_of_epoch):
+    if self._summary_when.due_at(step, self._length.steps_per_epoch,
+                                 event.end):
       self._writer.write(step, scalars)
+    self.latest = event.train_logs = scalars
+    event.logged = True
     # Counted from 1: "epoch 1, step 22 of 22" is the end of the first epoch.
     epoch = -(-step // self._length.steps_per_epoch)
     step_in_epoch = step - (epoch - 1) * self._length.steps_per_epoch

@@ -108,20 +108,21 @@ def in_memory_steps_per_epoch(config: ml_collections.ConfigDict,
   return steps_per_epoch
 
 
-def checkpoint_of(task: task_lib.Task,
-                   state: TrainState) -> tf.train.Checkpoint:
+def checkpoint_of(task: task_lib.Task, state: TrainState,
+                  **more: tf.Variable) -> tf.train.Checkpoint:
   """Everything a run needs to continue exactly where it stopped.
 
   Keras 3 keeps the state of random layers (Dropout's seed generator) in
   variables that tf.train.Checkpoint does not find through a model; they
   are added explicitly so that a resumed run draws the same random numbers.
+  `more`: other variables to save, by name (the actions' states).
   """
   rng_states = []
   for model in task.models():
     weights = {id(weight) for weight in model.weights}
     rng_states += [v for v in model.variables if id(v) not in weights]
   return tf.train.Checkpoint(task=task, rng=rng_states,
-                             **state.checkpointable())
+                             **state.checkpointable(), **more)
 
 
 def models_by_name(task: task_lib.Task) -> dict[str, keras.Model]:

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl.data import in_memory
-from ctl.runtime import periodic
+from ctl.training import loop_plan
 
 NUM_EXAMPLES = 50
 # Features are the example's own index, so batches show which rows they hold.
@@ -23,7 +23,7 @@ def _context(pipelines=1, pipeline_id=0, replicas=1):
 
 def _loops(start_step, total_steps, steps_per_epoch, loop_length=3):
   """Loops of loop_length steps, also ending at each epoch end."""
-  return periodic.LoopPlan(start_step, total_steps, steps_per_epoch,
+  return loop_plan.LoopPlan(start_step, total_steps, steps_per_epoch,
                            loop_length)
 
 

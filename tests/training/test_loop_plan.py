@@ -1,10 +1,12 @@
-"""Every and Periodic say when work is due, by step and by an injected
-clock; a LoopPlan ends loops there, the same in Python and in a graph."""
+"""A LoopPlan ends loops where actions are due, the same in Python and in
+a graph; When and Clock say when an action is due, by step count and by an
+injected clock."""
 
 import pytest
 import tensorflow as tf
 
-from ctl.runtime import periodic
+from ctl import actions
+from ctl.training import loop_plan
 
 
 class FakeClock:
@@ -17,32 +19,33 @@ class FakeClock:
 
 
 def test_step_intervals_fall_on_multiples_of_the_interval():
-  every_10 = periodic.Every((10,))
-  assert [step for step in range(1, 31) if every_10.due(step, False)] == [
-      10, 20, 30]
-  assert every_10.steps_until(0) == 10
-  assert every_10.steps_until(13) == 7
-  assert every_10.steps_until(20) == 10
+  every_10 = actions.When(steps=10)
+  assert [step for step in range(1, 31)
+          if every_10.due_at(step, 7, end=False)] == [10, 20, 30]
+  by_epoch = actions.When(steps=(4,), epochs=2, at_end=True)
+  assert by_epoch.step_intervals(7) == (4, 14)
+  assert [step for step in range(1, 31)
+          if by_epoch.due_at(step, 7, end=step == 30)] == [
+              4, 8, 12, 14, 16, 20, 24, 28, 30]
 
 
 def test_no_interval_is_never_due():
-  never = periodic.Every()
-  assert not any(never.due(step, False) for step in range(100))
-  assert never.steps_until(5) is None
-  assert not periodic.Periodic().due_by_time()
+  never = actions.When()
+  assert not any(never.due_at(step, 5, end=False) for step in range(100))
+  assert not actions.Clock(0).due()
 
 
-def test_time_interval_counts_from_the_last_done():
+def test_time_interval_counts_from_the_last_run():
   clock = FakeClock()
-  every_minute = periodic.Periodic(every_secs=60, clock=clock)
+  every_minute = actions.Clock(60, clock=clock)
   clock.now += 59
-  assert not every_minute.due_by_time()
+  assert not every_minute.due()
   clock.now += 1
-  assert every_minute.due_by_time()
-  every_minute.done()
-  assert not every_minute.due_by_time()
+  assert every_minute.due()
+  every_minute.reset()
+  assert not every_minute.due()
   clock.now += 60
-  assert every_minute.due_by_time()
+  assert every_minute.due()
 
 
 @pytest.mark.parametrize('start, total, per_epoch, per_loop, every', [
@@ -51,7 +54,7 @@ def test_time_interval_counts_from_the_last_done():
 ])
 def test_a_loop_plan_is_the_same_in_python_and_in_a_graph(
     start, total, per_epoch, per_loop, every):
-  plan = periodic.LoopPlan(start, total, per_epoch, per_loop, every)
+  plan = loop_plan.LoopPlan(start, total, per_epoch, per_loop, every)
   loops = list(plan)
   assert loops[0] == (start, start + 1)
   assert loops[-1][1] == total
@@ -71,7 +74,7 @@ def test_a_loop_plan_is_the_same_in_python_and_in_a_graph(
 
 
 def test_a_plan_of_a_billion_epochs_costs_what_a_short_one_does():
-  plan = periodic.LoopPlan(0, 44 * 10**9, 44, 100, (10,))
+  plan = loop_plan.LoopPlan(0, 44 * 10**9, 44, 100, (10,))
   assert next(iter(plan)) == (0, 1)
   assert plan.epoch_bounds(tf.constant(10**9 - 1, tf.int64)).numpy()[-1][1] \
       == 44

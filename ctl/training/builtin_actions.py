@@ -1,0 +1,172 @@
+"""Built-in actions: early stopping and a CSV file of every logged value.
+
+Any task's run takes them from config fields (`config.early_stopping`,
+`config.log_csv`: `from_config`); a task's own `actions()` can add them
+too, with other arguments.
+"""
+
+import csv
+import io
+import math
+import os
+from typing import Any
+
+from absl import logging
+import ml_collections
+
+from ctl import errors
+from ctl.runtime import workdir as workdir_lib
+from ctl import actions
+from ctl.training import best as best_lib
+
+MODES = ('max', 'min')
+CSV_FILE = 'metrics.csv'
+
+
+class EarlyStopping(actions.Action):
+  """Stops training cleanly (exit 0) once an eval metric has not improved
+  by more than `min_delta` for `patience` evaluations in a row.
+
+  Runs after each evaluation on every worker (the eval results are
+  all-reduced, so every worker decides alike). Its best value and count
+  are in every checkpoint: a resumed run stops at the same step.
+  """
+
+  when = actions.When(after_eval=True)
+  on_every_worker = True
+
+  def __init__(self, metric: str, mode: str = 'max', patience: int = 5,
+               min_delta: float = 0.0):
+    """Args: metric: an eval metric as logged ('accuracy'), or 'set/metric'
+    for a task with several eval sets; mode: 'max' or 'min', which way is
+    better; patience: evaluations without improvement before stopping;
+    min_delta: the least change that counts as an improvement."""
+    if mode not in MODES:
+      raise errors.ConfigError(
+          f'EarlyStopping mode={mode!r}: use one of {MODES}.')
+    if patience < 1:
+      raise errors.ConfigError(
+          f'EarlyStopping patience={patience}: use 1 or more evaluations.')
+    self._metric = metric
+    self._mode = mode
+    self._patience = patience
+    self._min_delta = abs(min_delta)
+    self._best = None  # (value, step)
+    self._waited = 0
+
+  def run(self, event: actions.Event) -> None:
+    value = self._value(event.eval_results)
+    if self._improves(value):
+      self._best, self._waited = (value, event.step), 0
+      return
+    self._waited += 1
+    if self._waited >= self._patience:
+      best, step = self._best
+      event.request_stop(
+          f'early stopping: eval {self._metric} did not improve on {best:.6g} '
+          f'(step {step}) by more than {self._min_delta:g} in '
+          f'{self._patience} evaluation(s)')
+
+  def _improves(self, value: float) -> bool:
+    if math.isnan(value):
+      return False
+    if self._best is None:
+      return True
+    if self._mode == 'max':
+      return value > self._best[0] + self._min_delta
+    return value < self._best[0] - self._min_delta
+
+  def _value(self, results) -> float:
+    metrics = best_lib.flat_metrics(results or {})
+    if self._metric not in metrics:
+      raise errors.ConfigError(
+          f'Early stopping watches eval metric {self._metric!r}, which this '
+          f'task does not have; it has {sorted(metrics)}. Use one of those '
+          '(config.early_stopping.metric).')
+    return metrics[self._metric]
+
+  def state(self) -> dict[str, Any]:
+    return {'best': self._best, 'waited': self._waited}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    self._best = tuple(state['best']) if state['best'] else None
+    self._waited = state['waited']
+
+
+class CsvLogger(actions.Action):
+  """Appends every logged value to workdir/metrics.csv, one row each:
+
+      step,name,value
+      100,train/loss,0.512
+      100,eval/accuracy,0.93        (eval/<set>/<metric> for several sets)
+
+  `pandas.read_csv(path).pivot(index='step', columns='name')` gives a
+  table. The chief writes it after each log line and evaluation. Its row
+  count is in every checkpoint: a resumed run first drops the rows logged
+  after the checkpoint it resumes from, so no step appears twice.
+  """
+
+  when = actions.When(after_log=True, after_eval=True)
+
+  def __init__(self, path: str):
+    self._path = path
+    self._rows = 0  # Rows written (and checkpointed).
+    self._trimmed = False
+    self._written = (-1, -1)  # The steps of the latest train and eval rows.
+
+  def run(self, event: actions.Event) -> None:
+    rows = []
+    if event.logged and self._written[0] != event.step:
+      rows += [(event.step, f'train/{name}', value)
+               for name, value in event.train_logs.items()
+               if isinstance(value, (int, float))]
+    if event.evaluated and self._written[1] != event.step:
+      rows += [(event.step, f'eval/{name}', value) for name, value in
+               best_lib.flat_metrics(event.eval_results).items()]
+    self._written = (event.step if event.logged else self._written[0],
+                     event.step if event.evaluated else self._written[1])
+    if rows:
+      self._append(rows)
+
+  def _append(self, rows: list[tuple[int, str, float]]) -> None:
+    if not self._trimmed:
+      self._trim()
+    text = io.StringIO()
+    csv.writer(text, lineterminator='\n').writerows(rows)
+    with open(self._path, 'a', encoding='utf-8') as file:
+      file.write(text.getvalue())
+    self._rows += len(rows)
+
+  def _trim(self) -> None:
+    """Keeps the header and the rows of the checkpoint resumed from."""
+    self._trimmed = True
+    lines = []
+    if os.path.exists(self._path):
+      with open(self._path, encoding='utf-8') as file:
+        lines = file.read().splitlines(keepends=True)[1:self._rows + 1]
+    if len(lines) < self._rows:
+      logging.warning('%s has %d rows, fewer than the %d its checkpoint '
+                      'counted: keeping them.', self._path, len(lines),
+                      self._rows)
+      self._rows = len(lines)
+    workdir_lib.write_text(self._path, 'step,name,value\n' + ''.join(lines))
+
+  def state(self) -> dict[str, Any]:
+    return {'rows': self._rows}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    self._rows = state['rows']
+
+
+def from_config(config: ml_collections.ConfigDict,
+                workdir: str) -> list[actions.Action]:
+  """The built-in actions that config asks for."""
+  built = []
+  stopping = config.early_stopping
+  if stopping.metric:
+    built.append(EarlyStopping(stopping.metric, stopping.mode,
+                               stopping.patience, stopping.min_delta))
+  if config.log_csv:
+    built.append(CsvLogger(os.path.join(workdir, CSV_FILE)))
+  return built
+

@@ -1,0 +1,326 @@
+"""The Trainer: one run of a task, read as it happens.
+
+    trainer = Trainer(config, workdir, ...)   # the task built, its input,
+                                              # checkpoints, evaluator
+    results = trainer.restore_or_start()      # None: there is training to do
+    outcome = trainer.train()                 # the loop and its actions
+    results = trainer.finish(outcome)         # final evaluation, results.json
+
+Everything periodic (the log line, summaries, evaluation, the best
+checkpoint, the profiler, the task's own actions, the checkpoint) is an
+action of ctl/actions.py, which the loop (ctl/training/loop.py)
+runs between loops of steps (ctl/training/steps.py).
+"""
+
+import os
+
+from absl import logging
+import ml_collections
+import tensorflow as tf
+
+from ctl import task as task_lib
+from ctl.data import inputs
+from ctl.runtime import checkpointing
+from ctl.runtime import distribution
+from ctl.runtime import preemption
+from ctl.runtime import summaries
+from ctl.runtime import workdir as workdir_lib
+from ctl import actions as actions_lib
+from ctl.training import assemble as assemble_lib
+from ctl.training import best as best_lib
+from ctl.training import builtin_actions
+from ctl.training import evaluation
+from ctl.training import loop as loop_lib
+from ctl.training import metric_reading
+from ctl.training import speed as speed_lib
+from ctl.training import state as state_lib
+from ctl.training import steps as steps_lib
+from ctl.training import xla
+
+When = actions_lib.When
+
+
+class Trainer:
+  """A task built for training, with everything around its loop."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, *,
+               strategy: tf.distribute.Strategy, task_info: distribution.Task,
+               task_class: type[task_lib.Task],
+               stop_signal: preemption.StopSignal, workdir_lock, started: float):
+    self.config = config
+    self.workdir = workdir
+    self.strategy = strategy
+    self.task_info = task_info
+    self.stop_signal = stop_signal
+    self.workdir_lock = workdir_lock
+    self.started = started
+    assembled = assemble_lib.assemble(config, strategy, task_info, task_class)
+    self.task, self.state = assembled.task, assembled.state
+    self.length, self.action_states = assembled.length, assembled.action_states
+    self.context = assembled.context
+    in_memory = isinstance(assembled.train_data, task_lib.InMemory)
+    self.jit_compile = xla.resolve(
+        config.jit_compile, num_replicas=strategy.num_replicas_in_sync,
+        task=self.task, in_memory=in_memory)
+    logging.info('XLA compiles: %s (config.jit_compile=%r)', self.jit_compile,
+                 config.jit_compile)
+    self.train_input = _train_input(config, strategy, assembled.train_data,
+                                    self.length, self.jit_compile)
+    self.data_positions = checkpointing.DataPositions(
+        self.train_input.checkpointable,
+        workdir_lib.data_position_dir(workdir),
+        max_to_keep=config.intervals.keep_checkpoints,
+        pipeline=task_info.worker_index, num_pipelines=task_info.num_workers)
+    self.checkpointer = checkpointing.Checkpointer(
+        assembled.checkpoint(), workdir_lib.checkpoint_dir(workdir),
+        is_chief=task_info.is_chief, task_id=task_info.task_id,
+        max_to_keep=config.intervals.keep_checkpoints,
+        async_save=config.intervals.async_checkpoint,
+        data_problem=self.data_positions.problem)
+    self.task_actions = [*builtin_actions.from_config(config, workdir),
+                         *self.task.actions()]
+    actions_lib.check_names(self.task_actions)
+    if task_info.has_evaluator and any(action.when.after_eval
+                                       for action in self.task_actions):
+      logging.warning('The cluster\'s evaluator task evaluates, so training '
+                      'does not: actions after each evaluation (early '
+                      'stopping) never run.')
+    self.speed = speed_lib.SpeedMeter()
+    self.loop = None  # The TrainLoop, once training starts.
+    self._stopped = None  # An action's stop, restored from the checkpoint.
+    self.evaluation = _Evaluation(self, best_lib.BestCheckpoint(
+        workdir, config.evaluation.best_metric, config.evaluation.best_mode,
+        is_chief=task_info.is_chief, reread=task_info.num_workers == 1))
+
+  def restore_or_start(self) -> dict | None:
+    """Restores the latest checkpoint, or warm-starts, or starts at step 0;
+    the results when training had finished before (nothing to do).
+
+    Nothing is written before the run is known to start: a checkpoint that
+    does not fit, or a finished run, leaves the workdir as it was.
+    """
+    self.data_positions.check_savable(self.train_input.dataset)
+    if self.checkpointer.restore_latest():
+      self.state.check_resumable(self.length.steps_per_epoch)
+      self.data_positions.restore(int(self.state.step.numpy()))
+      stopped = self.action_states.restore(self.task_actions)
+      if stopped:  # An action stopped it here; it was killed before the end.
+        self._stopped = loop_lib.Stopped(int(self.state.step.numpy()),
+                                         stopped)
+    elif self.config.init_from:
+      checkpointing.warm_start(state_lib.models_by_name(self.task),
+                               self.config.init_from)
+    if self.task_info.num_workers > 1:
+      state_lib.check_workers_agree(self.strategy, self.state)
+    step = int(self.state.step.numpy())
+    results = workdir_lib.read_results(self.workdir)
+    if results is not None and (step >= self.length.total_steps or
+                                (results.get('stopped') or {}).get('step')
+                                == step):
+      stopped = results.get('stopped')
+      logging.info('Training already finished at step %d of %d%s: nothing to '
+                   'do. Results: %s', step, self.length.total_steps,
+                   f' (stopped: {stopped["reason"]})' if stopped else '',
+                   workdir_lib.results_path(self.workdir))
+      return results
+    if self.task_info.is_chief:
+      workdir_lib.prepare(self.workdir)
+      self.workdir_lock.acquire()  # A workdir that did not exist before.
+      workdir_lib.remove_leftovers(self.workdir)
+      workdir_lib.save_config(self.workdir, self.config)
+    return None
+
+  def train(self) -> loop_lib.Stopped | None:
+    """Trains to the last step, or until an action stops training.
+
+    Raises:
+      Preempted: after a checkpoint, when some worker received SIGTERM.
+    """
+    step = int(self.state.step.numpy())
+    if self._stopped or step >= self.length.total_steps:
+      return self._stopped
+    runner = steps_lib.StepRunner(
+        strategy=self.strategy, task=self.task, train_input=self.train_input,
+        state=self.state, global_batch_size=self.length.global_batch_size,
+        seed=self.config.seed, steps_per_epoch=self.length.steps_per_epoch,
+        jit_compile=self.jit_compile,
+        all_reduce_dtype=self.config.distribution.all_reduce_dtype,
+        summary_steps=self.config.intervals.summary_steps)
+    reporter = loop_lib.Reporter(
+        length=self.length,
+        metrics=metric_reading.MetricReader(self.task.train_metrics),
+        writer=self.train_writer, speed=self.speed,
+        summary_when=When(steps=self.config.intervals.summary_steps,
+                          epochs=1, at_end=True))
+    self.loop = loop_lib.TrainLoop(
+        runner=runner, length=self.length,
+        steps_per_loop=self.config.steps_per_loop,
+        actions=self._actions(reporter), reporter=reporter,
+        stop_signal=self.stop_signal, speed=self.speed,
+        strategy=self.strategy, task=self.task, workdir=self.workdir,
+        is_chief=self.task_info.is_chief,
+        num_workers=self.task_info.num_workers, started=self.started)
+    loops = self.loop.plan(int(self.state.step.numpy()))
+    step_writer = summaries.step_summary_writer(
+        workdir_lib.summary_dir(self.workdir, 'train'),
+        self.task_info.is_chief)
+    try:
+      with step_writer.as_default():
+        return self.loop.run(self.train_input.make_iterator(loops), loops)
+    finally:
+      step_writer.close()
+
+  def _actions(self, reporter: loop_lib.Reporter) -> list[actions_lib.Action]:
+    """ctl's actions and the task's, in the order they run after a loop:
+    report, evaluate (and what follows an evaluation), profile, the task's,
+    and last the checkpoint, so that it holds every decision of its step."""
+    intervals = self.config.intervals
+    call = actions_lib.Call
+    return [
+        call('report', When(steps=(intervals.log_steps,
+                                   intervals.summary_steps),
+                            epochs=1, at_end=True), reporter.report),
+        call('evaluate', When(steps=intervals.eval_steps, epochs=1,
+                              at_end=True, on_request='evaluate'),
+             self.evaluation),
+        *_profile_actions(self.config.profile, self.workdir),
+        *self.task_actions,
+        call('checkpoint', When(
+            steps=intervals.checkpoint_steps,
+            epochs=intervals.checkpoint_epochs,
+            secs=intervals.checkpoint_secs, at_end=True,
+            on_request='checkpoint'), self._save),
+    ]
+
+  def _save(self, event: actions_lib.Event) -> None:
+    self.action_states.capture(self.task_actions, event.requests.get('stop'))
+    self.data_positions.save(event.step)
+    self.checkpointer.save(event.step)
+
+  def run(self) -> dict:
+    """restore_or_start, train and finish, with the writers open."""
+    results = self.restore_or_start()
+    if results is not None:
+      return {**results, 'finished_now': False}
+    self.train_writer = summaries.make_writer(
+        workdir_lib.summary_dir(self.workdir, 'train'), self.task_info.is_chief)
+    try:
+      outcome = self.train()
+      if self.evaluation.last is None:
+        self.evaluation.evaluate(int(self.state.step.numpy()))
+    finally:
+      # Whatever happened, what was written so far is whole on disk.
+      self.train_writer.close()
+      self.evaluation.close()
+      self.checkpointer.wait()
+    return {**self.finish(outcome), 'finished_now': True}
+
+  def finish(self, outcome: loop_lib.Stopped | None) -> dict:
+    """The results: the state, the last evaluation, the weights'
+    fingerprint, timing; in results.json (the chief)."""
+    results = {
+        **self.state.as_dict(),
+        'eval': self.evaluation.last or {},
+        'weights_sha256': state_lib.weights_fingerprint(self.task),
+        # Of this process only: a resumed run's earlier ones are not in it.
+        'timing': {
+            'first_step_seconds': self.loop.first_step_seconds,
+            'steps_per_second': self.speed.steady_steps_per_second(),
+        } if self.loop else {},
+    }
+    if outcome is not None:
+      results['stopped'] = {'step': outcome.step, 'reason': outcome.reason}
+    # Every worker logs the fingerprint so that a multi-worker job can be
+    # checked for replicas that drifted apart.
+    logging.info('Final weights sha256 %s (task %s)', results['weights_sha256'],
+                 self.task_info.name)
+    if self.task_info.is_chief:
+      workdir_lib.write_json(workdir_lib.results_path(self.workdir),
+                             summaries.json_ready(results))
+      logging.info('Results written to %s',
+                   workdir_lib.results_path(self.workdir))
+    return results
+
+
+class _Evaluation:
+  """The evaluate action: evaluates every eval set and keeps the best
+  checkpoint; does nothing when the cluster has an evaluator task, which
+  then does both."""
+
+  def __init__(self, trainer: Trainer, best: best_lib.BestCheckpoint):
+    self._checkpointer = trainer.checkpointer
+    self._best = best
+    self._evaluator = evaluation.Evaluator(
+        strategy=trainer.strategy, task=trainer.task, context=trainer.context,
+        eval_batch_size=trainer.length.eval_batch_size,
+        seed=trainer.config.seed,
+        make_writer=lambda name: summaries.make_writer(
+            os.path.join(workdir_lib.summary_dir(trainer.workdir, 'eval'),
+                         name), trainer.task_info.is_chief))
+    self._enabled = not trainer.task_info.has_evaluator
+    if not self._enabled:
+      logging.info('The cluster\'s evaluator task evaluates the checkpoints: '
+                   'training does not evaluate.')
+    self.last = None  # The latest results.
+
+  def __call__(self, event: actions_lib.Event) -> None:
+    if self.evaluate(event.step) is not None:
+      event.eval_results, event.evaluated = self.last, True
+
+  def evaluate(self, step: int) -> dict | None:
+    """Evaluates; keeps the best. None without eval data or evaluation."""
+    if not self._enabled or not self._evaluator.has_data():
+      return None
+    self.last = self._evaluator.evaluate(step)
+    # Every worker has the same (all-reduced) results, so all decide alike
+    # and take part in the save.
+    if self._best.improves(self.last):
+      self._best.keep(step, self.last, self._checkpointer.write_copy,
+                      wait=self._checkpointer.wait)
+    return self.last
+
+  def close(self) -> None:
+    """Closes the writers; records a best still being written, once it is."""
+    self._evaluator.close()
+    self._checkpointer.wait()
+    self._best.finish()
+
+
+def _train_input(config, strategy, train_data, length, jit_compile):
+  """The step loop's view of the training data."""
+  if isinstance(train_data, task_lib.InMemory):
+    return inputs.InMemoryInput(
+        strategy, train_data, seed=config.seed,
+        global_batch_size=length.global_batch_size,
+        steps_per_epoch=length.steps_per_epoch,
+        pad_loops_to=config.steps_per_loop if jit_compile == 'loop' else None)
+  return inputs.DatasetInput(strategy, train_data,
+                             distribution.local_replicas(strategy))
+
+
+def _profile_actions(config: ml_collections.ConfigDict,
+                     workdir: str) -> list[actions_lib.Action]:
+  """Start and stop a profiler trace around config.num_steps steps."""
+  if not config.num_steps:
+    return []
+  logdir = workdir_lib.summary_dir(workdir, 'train')
+  # The first step traces the functions: a trace starts after it at least.
+  start = max(config.start_step, 1)
+  end = start + config.num_steps
+
+  def begin(event):
+    if event.step == start:
+      tf.profiler.experimental.start(logdir)
+
+  def finish(event):
+    if event.step == end:
+      tf.profiler.experimental.stop()
+      logging.info('Profiled steps %d..%d into %s', start + 1, end, logdir)
+
+  # Loops end at these steps on every worker; the trace covers the steps
+  # in between, on the chief alone.
+  return [actions_lib.Call('profile start', When(steps=start), begin,
+                           on_every_worker=False),
+          actions_lib.Call('profile stop', When(steps=end), finish,
+                           on_every_worker=False)]
+

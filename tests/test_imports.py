@@ -1,0 +1,92 @@
+"""ctl's imports go one way: from the commands down to the errors, never
+up, and no module imports itself through others (BUILD.md, "Layout")."""
+
+import ast
+import pathlib
+
+import helpers
+
+PACKAGE = helpers.REPO / 'ctl'
+# Each part of ctl and its layer: a part imports only parts of lower layers.
+LAYERS = {
+    'errors': 0,
+    'registry': 1, 'config': 1, 'actions': 1,
+    'config_help': 2, 'runtime': 2, 'data': 2, 'hyper': 2,
+    'task': 3,
+    'tasks': 4,
+    'training': 5,
+    'serving': 6, 'sweeps': 6,
+    'modes': 7, 'launch': 7, 'sweep': 7,
+    'main': 8,
+}
+
+
+def _module(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix('').parts
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  """The ctl modules a file imports (a `from ctl.x import y` names ctl.x.y
+  when y is a module)."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and (node.module or '').startswith(
+        'ctl'):
+      for alias in node.names:
+        name = f'{node.module}.{alias.name}'
+        found.add(name if _exists(name) else node.module)
+    elif isinstance(node, ast.Import):
+      found |= {alias.name for alias in node.names
+                if alias.name.startswith('ctl')}
+  return found
+
+
+def _exists(module: str) -> bool:
+  path = PACKAGE.parent / module.replace('.', '/')
+  return path.with_suffix('.py').exists() or path.is_dir()
+
+
+def _graph() -> dict[str, set[str]]:
+  return {_module(path): _imports(path) - {_module(path)}
+          for path in PACKAGE.rglob('*.py')}
+
+
+def _part(module: str) -> str:
+  return module.split('.')[1] if '.' in module else 'ctl'
+
+
+def test_every_part_has_a_layer():
+  assert {_part(module) for module in _graph()} - {'ctl'} == set(LAYERS)
+
+
+def test_imports_go_down_the_layers():
+  upward = sorted(
+      f'{module} imports {imported}'
+      for module, imports in _graph().items() for imported in imports
+      # `import ctl` (the package, for ctl.IMPORT_TIME) imports nothing.
+      if imported != 'ctl' and _part(module) != 'ctl' and
+      _part(imported) != _part(module) and
+      LAYERS[_part(imported)] >= LAYERS[_part(module)])
+  assert not upward
+
+
+def test_no_module_imports_itself_through_others():
+  graph = _graph()
+  state = {}
+
+  def cycle_from(module, path):
+    state[module] = 'open'
+    for imported in sorted(graph.get(module, ())):
+      if state.get(imported) == 'open':
+        return path[path.index(imported):] + [imported]
+      if imported in graph and imported not in state:
+        found = cycle_from(imported, path + [imported])
+        if found:
+          return found
+    state[module] = 'done'
+    return None
+
+  for module in sorted(graph):
+    if module not in state:
+      assert cycle_from(module, [module]) is None

@@ -1,0 +1,155 @@
+"""Actions between loops: a task's own action's requests and state;
+early stopping that decides alike after a SIGTERM and a restart, its state
+and the CSV log's rows in the checkpoint; a chief-only action's stop
+request agreed by two workers; eval_end sees every pass's results."""
+
+import csv
+import re
+import shutil
+import signal
+
+import pytest
+
+from ctl import errors
+from ctl.training import run
+import helpers
+
+NOISY = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
+
+# Evaluates every 5 steps; accuracy "improves" only downwards (mode=min), so
+# it never improves after the first evaluation: the run stops after the
+# 4th, at step 20 of 88, whatever happened in between.
+EARLY_STOPPING = (f'--config={helpers.DIGITS}:smoke',
+                  '--config.deterministic=True',
+                  '--config.intervals.eval_steps=5',
+                  '--config.intervals.log_steps=1',
+                  '--config.intervals.checkpoint_epochs=0',
+                  '--config.early_stopping.metric=accuracy',
+                  '--config.early_stopping.mode=min',
+                  '--config.early_stopping.patience=3',
+                  '--config.log_csv=True')
+REASON = ('early stopping: eval accuracy did not improve on 0.75766 (step '
+          '5) by more than 0 in 3 evaluation(s)')
+
+
+def _csv_rows(workdir) -> list[tuple[str, str, str]]:
+  """metrics.csv's rows, without the speeds (which differ run to run)."""
+  with open(workdir / 'metrics.csv', newline='') as file:
+    return [(row['step'], row['name'], row['value'])
+            for row in csv.DictReader(file) if 'per_second' not in row['name']]
+
+
+def _noisy(task, **fields):
+  config = helpers.load_config_file(NOISY, task)
+  return helpers.override(config, deterministic=True, **fields)
+
+
+def test_an_actions_requests_are_done_after_its_loop_and_its_state_resumes(
+    tmp_path):
+  # Evaluation is due at each epoch end (16 steps); step 10 asks for one.
+  config = _noisy('MakesRequests', total_steps=20,
+                  **{'intervals.keep_checkpoints': 10})
+  run.train_and_evaluate(config, str(tmp_path))
+  assert (tmp_path / 'evaluated.txt').read_text() == '10 16 20'
+  assert (tmp_path / 'checkpoints' / 'ckpt-10.index').exists()
+  # Its list of steps comes back from the checkpoint of step 20.
+  run.train_and_evaluate(_noisy('MakesRequests'), str(tmp_path))
+  assert (tmp_path / 'evaluated.txt').read_text() == '10 16 20 32 48'
+
+
+def test_eval_end_sees_the_results_of_a_pass_without_outputs(tmp_path):
+  results = run.train_and_evaluate(
+      _noisy('SeesEvalResults', total_steps=16), str(tmp_path))
+  assert results['eval']['mae_seen'] == results['eval']['mae']
+  assert results['eval']['outputs_seen'] == 0
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('uninterrupted')
+  run = helpers.run_ctl(*EARLY_STOPPING, f'--workdir={workdir}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  return workdir, helpers.fingerprint(run.stderr)
+
+
+@pytest.mark.slow
+def test_early_stopping_ends_with_exit_0_and_its_reason(uninterrupted):
+  workdir, _ = uninterrupted
+  results = helpers.read_results(workdir)
+  assert results['step'] == 20
+  assert results['stopped'] == {'step': 20, 'reason': REASON}
+  assert results['eval']['accuracy'] == pytest.approx(0.8384, abs=1e-3)
+  rows = _csv_rows(workdir)
+  assert len(rows) == len(set((step, name) for step, name, _ in rows))
+  assert [int(step) for step, name, _ in rows if name == 'eval/accuracy'] == [
+      5, 10, 15, 20]
+  assert {int(step) for step, name, _ in rows if name == 'train/loss'} == set(
+      range(1, 21))
+  again = helpers.run_ctl(*EARLY_STOPPING, f'--workdir={workdir}')
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f'Training already finished at step 20 of 88 (stopped: {REASON})' in (
+      again.stderr)
+
+
+@pytest.mark.slow
+def test_a_stop_killed_before_its_results_finishes_without_training(
+    tmp_path, uninterrupted):
+  # A SIGKILL after the checkpoint of the stop, before results.json.
+  reference, fingerprint = uninterrupted
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference, workdir)
+  (workdir / 'results.json').unlink()
+  again = helpers.run_ctl(*EARLY_STOPPING, f'--workdir={workdir}')
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert 'Training from step' not in again.stderr
+  assert helpers.fingerprint(again.stderr) == fingerprint
+  assert helpers.read_results(workdir)['stopped'] == helpers.read_results(
+      reference)['stopped']
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('stop_after', [7, 12])
+def test_a_sigterm_and_a_restart_stop_at_the_same_step_bit_identical(
+    tmp_path, uninterrupted, stop_after):
+  # After step 7 the early stopper has seen 1 evaluation, after 12, 2: its
+  # count comes back from the checkpoint, or the resumed run stops later.
+  reference, fingerprint = uninterrupted
+  for attempt in range(3):
+    workdir = tmp_path / str(attempt)
+    job = helpers.Watched(helpers.ctl_command(*EARLY_STOPPING,
+                                              f'--workdir={workdir}'))
+    job.wait_for(rf'step {stop_after}/88 ')
+    job.process.send_signal(signal.SIGTERM)
+    code = job.wait()
+    if code != 0:  # 0: it ran to its stop before the signal landed.
+      break
+  assert code == errors.EXIT_PREEMPTED, job.output[-3000:]
+  stopped = int(re.search(r'Stopped by SIGTERM after step (\d+)',
+                          job.output)[1])
+  assert stopped < 20
+  resumed = helpers.run_ctl(*EARLY_STOPPING, f'--workdir={workdir}')
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f'Training from step {stopped} to 88' in resumed.stderr
+  assert helpers.fingerprint(resumed.stderr) == fingerprint
+  results = helpers.read_results(workdir)
+  assert results['stopped'] == helpers.read_results(reference)['stopped']
+  # The rows logged after the checkpoint, before the stop, are not twice.
+  assert _csv_rows(workdir) == _csv_rows(reference)
+
+
+@pytest.mark.slow
+def test_a_chief_only_stop_request_is_agreed_by_two_workers(tmp_path):
+  workdir = tmp_path / 'run'
+  codes = helpers.run_workers(
+      (f'--config={NOISY}:StoppedByAnAction', f'--workdir={workdir}'),
+      helpers.cluster_envs(2), tmp_path)
+  logs = [(tmp_path / f'worker{index}.log').read_text() for index in (0, 1)]
+  assert codes == [0, 0], logs[1][-3000:]
+  for log in logs:
+    assert 'Stopped at step 20 of 48' in log, log[-3000:]
+  assert len(set(helpers.fingerprint(logs[0] + logs[1]))) == 1
+  assert helpers.read_results(workdir)['stopped'] == {
+      'step': 20, 'reason': 'asked at step 20'}
+  # Only the chief ran it, once at each of its steps.
+  assert (workdir / 'stop_request.txt').read_text().split() == [
+      '4', '8', '12', '16', '20']
