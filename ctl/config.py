@@ -161,7 +161,7 @@ def classification_config() -> ml_collections.ConfigDict:
   config = base_config()
   config.task = 'classification'
   config.data = ml_collections.ConfigDict()
-  # 'digits', 'mnist', or 'package.module:function' (see ctl/datasets.py).
+  # 'digits', 'mnist', or 'package.module:function' (see ctl/data/datasets.py).
   config.data.name = 'digits'
   # A data file; '' means the dataset's default location.
   config.data.path = ''
@@ -169,7 +169,7 @@ def classification_config() -> ml_collections.ConfigDict:
   config.data.eval_fraction = 0.2
 
   config.model = ml_collections.ConfigDict()
-  # 'cnn', 'mlp', or 'package.module:function' (see ctl/models.py).
+  # 'cnn', 'mlp', or 'package.module:function' (see ctl/tasks/models.py).
   config.model.name = 'cnn'
   config.model.filters = 32  # cnn: filters of the 3x3 convolution.
   config.model.width = 128  # Units of each hidden dense layer.

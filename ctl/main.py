@@ -23,6 +23,7 @@ from absl import logging
 from ctl import config as config_lib
 from ctl import config_help
 from ctl import errors
+from ctl.runtime import progress
 from ctl.runtime import tf_process
 
 _CONFIG = config_lib.define_config_flag()
@@ -57,6 +58,7 @@ def main(argv: list[str]) -> None:
     _exit_usage('Flag --workdir must name the directory for checkpoints, '
                 'summaries and results.')
   logging.get_absl_handler().addFilter(_drop_tensorflow_info)
+  progress.install()
   tf_process.remove_autograph_bytecode_at_exit()
   tf_process.import_tensorflow()
   # Imported here so that flag errors are reported before TensorFlow loads.
@@ -71,12 +73,14 @@ def main(argv: list[str]) -> None:
         'since the latest checkpoint. Run the same command again to start.'))
   except errors.CtlError as error:
     _exit_with(error)
+  progress.finish_line()
   tf_process.exit_now(0)
 
 
 def _exit_with(error: errors.CtlError) -> None:
   """Prints the error as one `ctl: <label>:` message (stderr, where the log
   goes too) and exits with its code."""
+  progress.finish_line()
   print(f'ctl: {error.label}: {error}', file=sys.stderr, flush=True)
   tf_process.exit_now(error.exit_code)
 

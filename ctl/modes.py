@@ -23,9 +23,6 @@ from ctl.serving import export as export_lib
 from ctl.training import evaluate as evaluate_lib
 from ctl.training import run as run_lib
 
-MODES = ('train', 'evaluate', 'evaluate_continuously', 'export')
-
-
 def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
         checkpoint: str = '') -> dict:
   """Runs `mode`; returns its results (see each mode's function)."""

@@ -1,5 +1,7 @@
 """`python -m ctl.main` as users run it: exit codes, messages, files."""
 
+import os
+import pty
 import re
 import signal
 import subprocess
@@ -204,3 +206,39 @@ def test_start_up_is_counted_from_python_not_from_the_shell_before_it(
   assert run.returncode == 0, run.stderr[-3000:]
   seconds = float(re.search(r'First step done ([\d.]+) s', run.stderr)[1])
   assert seconds < 12, seconds
+
+
+def test_on_a_terminal_the_progress_is_one_line_rewritten(tmp_path):
+  # A pseudo-terminal, as an interactive shell gives.
+  terminal, child_end = pty.openpty()
+  process = subprocess.Popen(
+      helpers.ctl_command(f'--config={helpers.DIGITS}:smoke',
+                          '--config.intervals.log_steps=4',
+                          f'--workdir={tmp_path}'),
+      cwd=helpers.REPO, env=helpers.env_with(), stdin=subprocess.DEVNULL,
+      stdout=child_end, stderr=child_end)
+  os.close(child_end)
+  chunks = []
+  while True:
+    try:
+      chunk = os.read(terminal, 65536)
+    except OSError:  # EIO: the process closed the terminal.
+      break
+    if not chunk:
+      break
+    chunks.append(chunk)
+  os.close(terminal)
+  assert process.wait() == 0
+  text = b''.join(chunks).decode().replace('\r\n', '\n')
+  # Reports mid-epoch rewrite the live line; epoch ends stay, one line each.
+  assert '\r\x1b[Kstep 4/88 epoch 1/2 (step 4 of 44)' in text
+  # What stays on the screen of each line: after the last erasure.
+  shown = [line.rsplit('\x1b[K', 1)[-1] for line in text.split('\n')]
+  kept = [line for line in shown if ' epoch ' in line]
+  assert [re.search(r'step (\d+)/88', line)[1] for line in kept] == [
+      '44', '88'], kept
+  assert all(re.match(r'I\d{4} ', line) for line in kept)
+  # Other lines start at the start of a line, above the live one.
+  assert any(re.match(r'I\d{4} .* eval at step 44: ', line)
+             for line in shown)
+  assert text.endswith('\n')

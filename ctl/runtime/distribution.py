@@ -2,7 +2,7 @@
 
 A multi-worker start-up is bounded and can be stopped: before TensorFlow
 starts its server, `build_strategy` checks TF_CONFIG and waits for every
-peer in Python (ctl/cluster.py says why TensorFlow's own wait cannot be
+peer in Python (ctl/runtime/cluster.py says why TensorFlow's own wait cannot be
 bounded or interrupted), within `distribution.startup_timeout_seconds`,
 with SIGTERM stopping the wait (exit code 42: nothing was trained).
 """
@@ -50,15 +50,6 @@ class Task:
       return self.task_id + 1
     return self.task_id
 
-
-def is_chief(task_type: str | None, task_id: int,
-             cluster_spec: tf.train.ClusterSpec) -> bool:
-  """Decides the chief as TensorFlow's multi-worker tutorials do.
-
-  The task of type 'chief' is the chief; without one, worker 0 is; a single
-  process (no task type) is its own chief.
-  """
-  return cluster_lib.is_chief(task_type, task_id, cluster_spec.jobs)
 
 
 def build_strategy(

@@ -93,11 +93,6 @@ def _install_already_reduced_flag() -> threading.local:
 _INSTALL_LOCK = threading.Lock()
 
 
-def keras_reduces_gradients(optimizer: keras.optimizers.Optimizer) -> bool:
-  """Whether the optimizer sums gradients over replicas itself (tested)."""
-  return callable(getattr(optimizer, '_all_reduce_sum_gradients', None))
-
-
 def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
   """Every layer of a model, nested ones included (Keras's own walk)."""
   return list(model._flatten_layers(include_self=False))  # pylint: disable=protected-access

@@ -44,6 +44,11 @@ def results_path(workdir: str) -> str:
   return os.path.join(workdir, RESULTS_FILE)
 
 
+def eval_results_path(workdir: str) -> str:
+  """The side-car evaluator's latest results (workdir/eval/results.json)."""
+  return os.path.join(summary_dir(workdir, 'eval'), RESULTS_FILE)
+
+
 class Lock:
   """One trainer per workdir: an exclusive lock on the workdir folder.
 

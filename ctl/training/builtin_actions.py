@@ -14,12 +14,12 @@ from typing import Any
 from absl import logging
 import ml_collections
 
+from ctl import config as config_lib
 from ctl import errors
 from ctl.runtime import workdir as workdir_lib
 from ctl import actions
 from ctl.training import best as best_lib
 
-MODES = ('max', 'min')
 CSV_FILE = 'metrics.csv'
 
 
@@ -41,9 +41,9 @@ class EarlyStopping(actions.Action):
     for a task with several eval sets; mode: 'max' or 'min', which way is
     better; patience: evaluations without improvement before stopping;
     min_delta: the least change that counts as an improvement."""
-    if mode not in MODES:
+    if mode not in config_lib.BEST_MODES:
       raise errors.ConfigError(
-          f'EarlyStopping mode={mode!r}: use one of {MODES}.')
+          f'EarlyStopping mode={mode!r}: use one of {config_lib.BEST_MODES}.')
     if patience < 1:
       raise errors.ConfigError(
           f'EarlyStopping patience={patience}: use 1 or more evaluations.')

@@ -34,7 +34,6 @@ from ctl.training import evaluation
 
 # Seconds between two looks for a new checkpoint (reading a small file).
 POLL_SECONDS = 1.0
-RESULTS_FILE = 'results.json'
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
@@ -188,7 +187,7 @@ class _SideEvaluation:
                                          config.evaluation.best_mode)
 
   def last_results(self) -> dict | None:
-    return workdir_lib.read_json(os.path.join(self._eval_dir, RESULTS_FILE))
+    return workdir_lib.read_json(workdir_lib.eval_results_path(self._workdir))
 
   def evaluate(self, path: str) -> dict | None:
     """Evaluates checkpoint `path` and keeps it if it is the best.
@@ -208,7 +207,7 @@ class _SideEvaluation:
       self._assembled.restore(snapshot)
       results = {'step': step, 'checkpoint': path,
                  'eval': self._evaluator.evaluate(step)}
-      workdir_lib.write_json(os.path.join(self._eval_dir, RESULTS_FILE),
+      workdir_lib.write_json(workdir_lib.eval_results_path(self._workdir),
                              summaries.json_ready(results))
       if self._best.improves(results['eval']):
         self._best.keep(step, results['eval'], lambda prefix:

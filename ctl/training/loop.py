@@ -22,6 +22,7 @@ import tensorflow as tf
 from ctl import errors
 from ctl.training import loop_plan
 from ctl.runtime import preemption
+from ctl.runtime import progress
 from ctl.runtime import summaries
 from ctl import actions as actions_lib
 from ctl.training import metric_reading
@@ -254,12 +255,19 @@ class Reporter:
     epoch = -(-step // self._length.steps_per_epoch)
     step_in_epoch = step - (epoch - 1) * self._length.steps_per_epoch
     eta = self._speed.eta_seconds(step, self._length.total_steps)
-    logging.info(
-        'step %d/%d epoch %d/%d (step %d of %d) | %s | ETA %s', step,
-        self._length.total_steps, epoch, self._length.num_epochs,
+    line = 'step %d/%d epoch %d/%d (step %d of %d) | %s | ETA %s' % (
+        step, self._length.total_steps, epoch, self._length.num_epochs,
         step_in_epoch, self._length.steps_per_epoch,
         summaries.format_scalars(scalars),
         datetime.timedelta(seconds=round(eta)) if eta is not None else '?')
+    live = progress.live_stream()
+    if live and step_in_epoch != self._length.steps_per_epoch and not (
+        event.end):
+      live.show(line)  # On a terminal; epoch ends and the end scroll.
+      return
+    if live:
+      live.show('')
+    logging.info('%s', line)
 
 
 def _check_finite(logs: dict[str, float], previous_step: int,

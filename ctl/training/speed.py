@@ -16,10 +16,6 @@ class SpeedMeter:
     self._seconds = 0.0
     self._loop_ends = []  # (steps trained, time) after each loop.
 
-  @property
-  def started(self) -> bool:
-    return bool(self._loop_ends)
-
   def start(self) -> None:
     self._loop_started = self._clock()
 
@@ -58,8 +54,8 @@ class SpeedMeter:
     """Time left at the pace since the first loop, evaluations included."""
     if len(self._loop_ends) < 2:
       return None
-    (first_steps, first_time), (steps, now) = (self._loop_ends[0],
-                                               self._loop_ends[-1])
+    (first_steps, first_time), (steps, _) = (self._loop_ends[0],
+                                             self._loop_ends[-1])
     pace = (self._clock() - first_time) / (steps - first_steps)
     return pace * (total_steps - step)
 

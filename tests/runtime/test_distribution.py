@@ -5,6 +5,7 @@ import json
 import pytest
 import tensorflow as tf
 
+from ctl.runtime import cluster as cluster_lib
 from ctl.runtime import distribution
 
 WORKERS = {'worker': ['localhost:1', 'localhost:2']}
@@ -21,8 +22,7 @@ WITH_CHIEF = {'chief': ['localhost:0'], **WORKERS}
     (WORKERS, 'evaluator', 0, False),
 ])
 def test_is_chief(cluster, task_type, task_id, expected):
-  assert distribution.is_chief(task_type, task_id,
-                               tf.train.ClusterSpec(cluster)) is expected
+  assert cluster_lib.is_chief(task_type, task_id, list(cluster)) is expected
 
 
 @pytest.mark.parametrize('kind, strategy_type', [
