@@ -197,6 +197,10 @@ def classification_config() -> ml_collections.ConfigDict:
   config.optimizer.end_learning_rate_factor = 0.0
   config.optimizer.momentum = 0.0  # sgd and rmsprop only.
   config.optimizer.weight_decay = 0.0  # Decoupled weight decay; 0 is off.
+  # Keep a moving average of the weights with this momentum (Keras's
+  # use_ema; 0 is off): evaluation, export and ctl.load use the average,
+  # training goes on with the trained weights.
+  config.optimizer.ema_momentum = 0.0
   return config
 
 
@@ -234,6 +238,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check(config, key, lambda value: value >= 0, 'must not be negative')
   _check(config, 'optimizer.learning_rate', lambda value: value > 0,
          'must be positive')
+  _check(config, 'optimizer.ema_momentum', lambda value: 0 <= value < 1,
+         'must be in [0, 1)')
   _check(config, 'data.eval_fraction', lambda value: 0 < value < 1,
          'must be between 0 and 1')
   _check(config, 'model.dropout', lambda value: 0 <= value < 1,

@@ -12,12 +12,18 @@ def build_optimizer(config: ml_collections.ConfigDict, total_steps: int,
   """Builds the optimizer named by config.name (the `optimizer` section).
 
   A user's own is `package.module:function(config, learning_rate)`, the
-  learning rate being a float or a Keras schedule. With loss_scaling (for
-  float16 models) it is wrapped in a keras.optimizers.LossScaleOptimizer.
+  learning rate being a float or a Keras schedule. With ema_momentum, it
+  keeps a moving average of the weights, which evaluation, export and
+  ctl.load use (ctl/training/ema.py). With loss_scaling (for float16
+  models) it is wrapped in a keras.optimizers.LossScaleOptimizer.
   """
   learning_rate = build_schedule(config, total_steps)
   builder = registry.resolve(config.name, _OPTIMIZERS, 'optimizer')
   optimizer = builder(config, learning_rate)
+  if config.ema_momentum:
+    # Read by the optimizer when it is built (in the task's build()).
+    optimizer.use_ema = True
+    optimizer.ema_momentum = config.ema_momentum
   if loss_scaling:
     optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
   return optimizer

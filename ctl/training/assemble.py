@@ -20,6 +20,7 @@ from ctl.runtime import checkpointing
 from ctl.runtime import distribution
 from ctl.runtime import tf_internals
 from ctl import actions as actions_lib
+from ctl.training import ema
 from ctl.training import state as state_lib
 
 
@@ -33,6 +34,7 @@ class Assembled:
   context: tf.distribute.InputContext
   train_data: task_lib.Data
   action_states: actions_lib.ActionStates
+  strategy: tf.distribute.Strategy
 
   def checkpoint(self) -> tf.train.Checkpoint:
     """What training checkpoints: the task, the step counters and the
@@ -43,7 +45,9 @@ class Assembled:
   def restore(self, path: str) -> None:
     """Reads a training checkpoint's task and step, for evaluation or export.
 
-    The data positions are not read (they are not needed to evaluate).
+    The data positions are not read (they are not needed to evaluate). An
+    optimizer's moving averages of the weights (`use_ema=True`) are put
+    in the models: what evaluation and serving use (ctl/training/ema.py).
 
     Raises:
       CtlError: when the checkpoint does not fit this task's objects.
@@ -57,6 +61,7 @@ class Assembled:
       raise errors.CtlError(
           f'Checkpoint {path} does not match the task of this config, or '
           f'cannot be read: {checkpointing.summary(error)}') from error
+    ema.EmaWeights(self.task, self.strategy).swap()
 
 
 def assemble(config: ml_collections.ConfigDict,
@@ -80,7 +85,7 @@ def assemble(config: ml_collections.ConfigDict,
     state = state_lib.TrainState()
   task_lib.check_nothing_shadowed(task, config)
   return Assembled(task, state, length, context, train_data,
-                   actions_lib.ActionStates())
+                   actions_lib.ActionStates(), strategy)
 
 
 def assemble_locally(config: ml_collections.ConfigDict,

@@ -29,6 +29,7 @@ from ctl import actions as actions_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import best as best_lib
 from ctl.training import builtin_actions
+from ctl.training import ema
 from ctl.training import evaluation
 from ctl.training import loop as loop_lib
 from ctl.training import metric_reading
@@ -250,6 +251,8 @@ class _Evaluation:
   def __init__(self, trainer: Trainer, best: best_lib.BestCheckpoint):
     self._checkpointer = trainer.checkpointer
     self._best = best
+    self._task, self._strategy = trainer.task, trainer.strategy
+    self._ema = None  # Made at the first evaluation (optimizers built).
     self._evaluator = evaluation.Evaluator(
         strategy=trainer.strategy, task=trainer.task, context=trainer.context,
         eval_batch_size=trainer.length.eval_batch_size,
@@ -271,7 +274,12 @@ class _Evaluation:
     """Evaluates; keeps the best. None without eval data or evaluation."""
     if not self._enabled or not self._evaluator.has_data():
       return None
-    self.last = self._evaluator.evaluate(step)
+    if self._ema is None:
+      self._ema = ema.EmaWeights(self._task, self._strategy)
+    # With the optimizers' moving averages of the weights, if they keep
+    # any; the best checkpoint is written with the training weights.
+    with self._ema.swapped():
+      self.last = self._evaluator.evaluate(step)
     # Every worker has the same (all-reduced) results, so all decide alike
     # and take part in the save.
     if self._best.improves(self.last):
