@@ -242,7 +242,8 @@ class Watched:
         assert self._lines[-1:] != [None], (
             f'Output ended without {pattern!r}:\n{self.output[-3000:]}')
         remaining = deadline - time.monotonic()
-        assert remaining > 0, f'No {pattern!r} within {timeout} s'
+        assert remaining > 0, (f'No {pattern!r} within {timeout} s; the '
+                               f'output so far ends:\n{self.output[-3000:]}')
         self._changed.wait(remaining)
 
   def wait(self, timeout: float = 600) -> int:

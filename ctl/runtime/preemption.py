@@ -17,7 +17,6 @@ the strategy is built replaces that, so `StopSignal` must be entered after
 
 import os
 import signal
-import sys
 import threading
 
 from absl import logging
@@ -56,14 +55,22 @@ class StopSignal:
     del frame
     name = 'Ctrl-C' if signum == signal.SIGINT else signal.Signals(signum).name
     if self.requested and signum == signal.SIGINT:
-      print('ctl: error: Ctrl-C twice: stopped at once, without saving. Run '
-            'the same command again to resume from the latest checkpoint.',
-            file=sys.stderr, flush=True)
+      # Straight to the file descriptor: no Python buffer to meet.
+      os.write(2, b'\nctl: error: Ctrl-C twice: stopped at once, without '
+               b'saving. Run the same command again to resume from the '
+               b'latest checkpoint.\n')
       os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
-    if not self.requested:
+    if self.requested:
+      return
+    # The request first: whatever happens to the message below (a signal
+    # handler that writes can meet the interrupted write of the same
+    # stream), the stop is not lost.
+    self.received = name
+    self.requested = True
+    try:
       logging.warning('Received %s: saving a checkpoint after this loop of '
                       'steps, then exiting with code 42%s.', name,
                       ' (Ctrl-C again: stop now, without saving)'
                       if signum == signal.SIGINT else '')
-      self.received = name
-    self.requested = True
+    except Exception:  # pylint: disable=broad-except
+      pass
