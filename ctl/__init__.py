@@ -8,7 +8,7 @@ What a user's code needs, importable as `ctl.<name>`:
     ctl.Action, ctl.When,         work between loops of steps, and what it
     ctl.Event                     sees and requests (ctl/actions.py)
     ctl.EarlyStopping,            built-in actions
-    ctl.CsvLogger                 (ctl/training/builtin_actions.py)
+    ctl.Rollback, ctl.CsvLogger   (ctl/training/builtin_actions.py)
     ctl.base_config()             the framework's config fields (ctl/config.py)
     ctl.classification_config()   ... and the built-in classifier's
     ctl.load(workdir)             a run's task and models, restored (ctl/serving/load.py)
@@ -35,6 +35,7 @@ _PUBLIC = {
     'Event': 'ctl.actions',
     'EarlyStopping': 'ctl.training.builtin_actions',
     'CsvLogger': 'ctl.training.builtin_actions',
+    'Rollback': 'ctl.training.builtin_actions',
     'base_config': 'ctl.config',
     'classification_config': 'ctl.config',
     'load': 'ctl.serving.load',

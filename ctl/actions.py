@@ -33,7 +33,7 @@ import tensorflow as tf
 from ctl import errors
 
 # What an action may request, in the order the workers agree on them.
-REQUESTS = ('stop', 'checkpoint', 'evaluate')
+REQUESTS = ('stop', 'checkpoint', 'evaluate', 'rollback')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,8 @@ class When:
     after_log: after each log line, with its values.
     after_eval: after each evaluation, with its results.
     at_end: at the end of training, or when an action stopped it.
+    every_loop: after every loop of steps (with its logs: a check that
+      must see them all).
     on_request: also when an action requests it ('checkpoint' or
       'evaluate'); ctl's own checkpoint and evaluation use this.
   """
@@ -59,6 +61,7 @@ class When:
   after_log: bool = False
   after_eval: bool = False
   at_end: bool = False
+  every_loop: bool = False
   on_request: str = ''
 
   def step_intervals(self, steps_per_epoch: int) -> tuple[int, ...]:
@@ -85,6 +88,9 @@ class Event:
       task's logs averaged since the previous log line, train metrics.
     eval_results: the latest evaluation's results in this process (the
       one set's, or {set name: results}); None before the first.
+    loop_means: the task's logs averaged over this loop's steps
+      ({name: float}).
+    first_step: the step this loop started from.
     logged: whether the log line was written after this loop.
     evaluated: whether an evaluation ran after this loop.
     task: the ctl.Task.
@@ -95,8 +101,12 @@ class Event:
   def __init__(self, *, step: int, steps_per_epoch: int, total_steps: int,
                task: Any, workdir: str, is_chief: bool,
                train_logs: Mapping[str, float],
-               eval_results: Mapping[str, Any] | None):
+               eval_results: Mapping[str, Any] | None,
+               loop_means: Mapping[str, float] | None = None,
+               first_step: int | None = None):
     self.step = step
+    self.loop_means = dict(loop_means or {})
+    self.first_step = step if first_step is None else first_step
     self.epoch = step // steps_per_epoch
     self.total_steps = total_steps
     self.task = task
@@ -126,6 +136,12 @@ class Event:
     """Evaluates after this loop (then the after_eval actions run)."""
     self.requests.setdefault('evaluate', '')
 
+  def request_rollback(self, reason: str) -> None:
+    """Puts back the weights of the latest checkpoint at once, before the
+    actions after this one; the step and the data go on from here, so the
+    steps since that checkpoint are skipped."""
+    self.requests.setdefault('rollback', reason)
+
 
 class Action:
   """Work between loops of steps: subclass it, set `when`, write `run`.
@@ -145,6 +161,9 @@ class Action:
 
   when: When = When()
   on_every_worker: bool = False
+  # Whether it handles a non-finite loss itself (otherwise the loop stops
+  # the run at once, saving nothing more).
+  handles_divergence: bool = False
 
   @property
   def name(self) -> str:

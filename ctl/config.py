@@ -104,6 +104,16 @@ def base_config() -> ml_collections.ConfigDict:
   config.early_stopping.patience = 5
   config.early_stopping.min_delta = 0.0
 
+  # Roll back a training loss that is not finite or spikes: the weights of
+  # the latest checkpoint come back and the data since is skipped, at most
+  # max_rollbacks times (then exit 1, as with 0: no rollback). A spike is
+  # a loop's mean loss above `factor` times its mean over the last
+  # `window` loops (0: only non-finite losses). ctl.Rollback.
+  config.rollback = ml_collections.ConfigDict()
+  config.rollback.max_rollbacks = 0
+  config.rollback.factor = 0.0
+  config.rollback.window = 20
+
   # Every logged value (training's and evaluation's) appended to
   # workdir/metrics.csv as step,name,value rows (ctl.CsvLogger).
   config.log_csv = False
@@ -224,7 +234,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'evaluation.best_mode', BEST_MODES)
   _check_choice(config, 'early_stopping.mode', BEST_MODES)
   for key in ('batch_size', 'steps_per_loop', 'intervals.keep_checkpoints',
-              'early_stopping.patience'):
+              'early_stopping.patience', 'rollback.window'):
     _check(config, key, lambda value: value >= 1, 'must be at least 1')
   for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',
               'total_steps', 'optimizer.warmup_steps', 'intervals.log_steps',
@@ -233,7 +243,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
               'intervals.checkpoint_secs', 'distribution.bytes_per_pack',
               'distribution.timeout_seconds',
               'distribution.startup_timeout_seconds', 'profile.start_step',
-              'evaluation.timeout_seconds',
+              'evaluation.timeout_seconds', 'rollback.max_rollbacks',
+              'rollback.factor',
               'profile.num_steps'):
     _check(config, key, lambda value: value >= 0, 'must not be negative')
   _check(config, 'optimizer.learning_rate', lambda value: value > 0,

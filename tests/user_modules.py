@@ -277,3 +277,13 @@ class MakesRequests(NoisyRegression):
 
   def actions(self):
     return [Requests()]
+
+
+class SpikesOnce(NoisyRegression):
+  """Its 21st step's targets are 10,000 times too large: the loss jumps,
+  and the weights with it."""
+
+  def train_step(self, batch, ctx):
+    x, y = batch
+    y = tf.where(tf.equal(ctx.step, 20), y * 1e4, y)
+    return super().train_step((x, y), ctx)

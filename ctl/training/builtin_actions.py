@@ -1,7 +1,8 @@
-"""Built-in actions: early stopping and a CSV file of every logged value.
+"""Built-in actions: early stopping, rollback of a diverging loss, and a CSV
+file of every logged value.
 
 Any task's run takes them from config fields (`config.early_stopping`,
-`config.log_csv`: `from_config`); a task's own `actions()` can add them
+`config.rollback`, `config.log_csv`: `from_config`); a task's own `actions()` can add them
 too, with other arguments.
 """
 
@@ -19,6 +20,7 @@ from ctl import errors
 from ctl.runtime import workdir as workdir_lib
 from ctl import actions
 from ctl.training import best as best_lib
+from ctl.training import loop
 
 CSV_FILE = 'metrics.csv'
 
@@ -91,6 +93,75 @@ class EarlyStopping(actions.Action):
   def restore(self, state: dict[str, Any]) -> None:
     self._best = tuple(state['best']) if state['best'] else None
     self._waited = state['waited']
+
+
+class Rollback(actions.Action):
+  """Rolls back a loss that is not finite or spikes: the weights of the
+  latest checkpoint come back, and the data of the steps since is skipped.
+
+  After every loop it reads the loop's mean `metric` (all-reduced: every
+  worker decides alike). A value that is not finite, or above `factor`
+  times the mean of the last `window` loops, is rolled back, at most
+  `max_rollbacks` times in a run; the next one stops the run (exit 1, as
+  without rollback). Its count and recent values are in every checkpoint.
+  A spike in one step is diluted in a long loop: `steps_per_loop` bounds
+  what it sees.
+  """
+
+  when = actions.When(every_loop=True)
+  on_every_worker = True
+  handles_divergence = True
+
+  def __init__(self, factor: float = 0.0, max_rollbacks: int = 3,
+               window: int = 20, metric: str = 'loss'):
+    """Args: factor: a spike is a value above factor times the recent
+    mean (0: only non-finite values); max_rollbacks: how many in a run;
+    window: the loops the recent mean is over; metric: a train log."""
+    self._factor = factor
+    self._max_rollbacks = max_rollbacks
+    self._window = window
+    self._metric = metric
+    self._recent = []
+    self._rollbacks = 0
+
+  def run(self, event: actions.Event) -> None:
+    value = event.loop_means.get(self._metric)
+    if value is None:
+      raise errors.ConfigError(
+          f'Rollback watches train log {self._metric!r}, which this task\'s '
+          f'train_step does not return; it returns {sorted(event.loop_means)}.')
+    problem = self._problem(value)
+    if problem is None:
+      self._recent = (self._recent + [value])[-self._window:]
+      return
+    if self._rollbacks >= self._max_rollbacks:
+      loop.check_finite(event.loop_means, event.first_step, event.step)
+      raise errors.CtlError(
+          f'The training {self._metric} {problem} after step {event.step}, '
+          f'and the run was rolled back {self._rollbacks} time(s) already '
+          '(config.rollback.max_rollbacks). Lower the learning rate.')
+    self._rollbacks += 1
+    event.request_rollback(
+        f'the training {self._metric} {problem} (rollback '
+        f'{self._rollbacks} of {self._max_rollbacks})')
+
+  def _problem(self, value: float) -> str | None:
+    """Why value is rolled back; None when it is not."""
+    if not math.isfinite(value):
+      return f'is {value}'
+    if self._factor and len(self._recent) >= 3:
+      mean = sum(self._recent) / len(self._recent)
+      if value > self._factor * mean:
+        return (f'is {value:.4g}, over {self._factor:g} times its recent '
+                f'mean {mean:.4g}')
+    return None
+
+  def state(self) -> dict[str, Any]:
+    return {'recent': self._recent, 'rollbacks': self._rollbacks}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    self._recent = list(state['recent'])
+    self._rollbacks = state['rollbacks']
 
 
 class CsvLogger(actions.Action):
@@ -166,6 +237,10 @@ def from_config(config: ml_collections.ConfigDict,
   if stopping.metric:
     built.append(EarlyStopping(stopping.metric, stopping.mode,
                                stopping.patience, stopping.min_delta))
+  if config.rollback.max_rollbacks:
+    built.append(Rollback(config.rollback.factor,
+                          config.rollback.max_rollbacks,
+                          config.rollback.window))
   if config.log_csv:
     built.append(CsvLogger(os.path.join(workdir, CSV_FILE)))
   return built

@@ -10,7 +10,7 @@ intervals, at the end, and on request (SIGTERM, its time interval, or an
 action's).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import dataclasses
 import datetime
 import math
@@ -47,7 +47,7 @@ class TrainLoop:
                reporter: 'Reporter', stop_signal: preemption.StopSignal,
                speed: speed_lib.SpeedMeter, strategy: tf.distribute.Strategy,
                task, workdir: str, is_chief: bool, num_workers: int,
-               started: float):
+               started: float, restore_weights: Callable[[], int]):
     """Args as named.
 
     Args:
@@ -55,6 +55,9 @@ class TrainLoop:
       actions: in the order they run after a loop.
       reporter: gets each loop's logs; its report is one of the actions.
       started: when the process started (speed_lib.process_start_time).
+      restore_weights: puts back the task's variables from the latest
+        checkpoint, not the step or the data position; returns its step
+        (for an action's rollback request).
     """
     self._runner = runner
     self._length = length
@@ -68,6 +71,11 @@ class TrainLoop:
     self._is_chief = is_chief
     self._num_workers = num_workers
     self._started = started
+    self._restore_weights = restore_weights
+    # Unless an action handles it (a rollback), a log that is not finite
+    # stops the run before any action runs.
+    self._stop_on_divergence = not any(action.handles_divergence
+                                       for action in self._actions)
     self._worker_sum = metric_reading.WorkerSum(strategy)
     # The actions due by time, on some worker's clock, agreed in train_loop.
     self._clocks = {index: actions_lib.Clock(action.when.secs)
@@ -103,12 +111,13 @@ class TrainLoop:
                  loops.start // self._length.steps_per_epoch + 1,
                  self._length.num_epochs, self._length.steps_per_epoch)
     for previous_step, step in loops:
-      preempted, time_due = self._train(iterator, previous_step, step)
+      preempted, time_due, logs = self._train(iterator, previous_step, step)
       event = actions_lib.Event(
           step=step, steps_per_epoch=self._length.steps_per_epoch,
           total_steps=total_steps, task=self._task, workdir=self._workdir,
           is_chief=self._is_chief, train_logs=self._reporter.latest,
-          eval_results=self.eval_results)
+          eval_results=self.eval_results, loop_means=logs,
+          first_step=previous_step)
       if preempted:
         event.request_checkpoint()
       self._run_actions(event, time_due)
@@ -126,9 +135,9 @@ class TrainLoop:
     return None
 
   def _train(self, iterator, previous_step: int,
-             step: int) -> tuple[bool, set[int]]:
-    """One loop of steps; whether some worker asked to stop (SIGTERM), and
-    the actions some worker's clock says are due."""
+             step: int) -> tuple[bool, set[int], dict[str, float]]:
+    """One loop of steps; whether some worker asked to stop (SIGTERM), the
+    actions some worker's clock says are due, and the loop's logs."""
     num_steps = step - previous_step
     timed = sorted(self._clocks)
     requests = tf.constant(
@@ -145,9 +154,11 @@ class TrainLoop:
       self.first_step_seconds = speed_lib.seconds_since(self._started)
       logging.info('First step done %.1f s after the process started',
                    self.first_step_seconds)
-    _check_finite(logs, previous_step, step)
+    if self._stop_on_divergence:
+      check_finite(logs, previous_step, step)
     self._reporter.add(logs, num_steps, loop_logs)
-    return agreed[0], {index for index, due in zip(timed, agreed[1:]) if due}
+    return (agreed[0],
+            {index for index, due in zip(timed, agreed[1:]) if due}, logs)
 
   def _run_actions(self, event: actions_lib.Event, time_due: set[int]) -> None:
     """Runs the actions due, in order; a request, a log line or an
@@ -160,7 +171,11 @@ class TrainLoop:
     every worker takes part.
     """
     ran = {}  # {index: (logged, evaluated) when it ran}
+    rolled_back = False
     while True:
+      if 'rollback' in event.requests and not rolled_back:
+        rolled_back = True
+        self._roll_back(event)
       due = next((index for index, action in enumerate(self._actions)
                   if self._due(action, index, event, time_due, ran)), None)
       if due is None:
@@ -179,6 +194,14 @@ class TrainLoop:
               if name not in before}
       event.requests = {**before, **self._agree(made)}
     self.eval_results = event.eval_results
+
+  def _roll_back(self, event: actions_lib.Event) -> None:
+    """Puts back the latest checkpoint's weights; the data goes on."""
+    restored = self._restore_weights()
+    logging.warning(
+        'Rolled back after step %d: %s. The weights of step %d are back; '
+        'the data of steps %d..%d is skipped.', event.step,
+        event.requests['rollback'], restored, restored + 1, event.step)
 
   def _agree(self, requests: dict[str, str]) -> dict[str, str]:
     """The chief's requests, on every worker."""
@@ -200,6 +223,7 @@ class TrainLoop:
         when.due_at(event.step, self._length.steps_per_epoch, event.end) or
         (when.after_log and event.logged) or
         (when.after_eval and event.evaluated) or
+        when.every_loop or
         (when.on_request and when.on_request in event.requests) or
         index in time_due)
 
@@ -270,7 +294,7 @@ class Reporter:
     logging.info('%s', line)
 
 
-def _check_finite(logs: dict[str, float], previous_step: int,
+def check_finite(logs: dict[str, float], previous_step: int,
                   step: int) -> None:
   """Raises CtlError naming the first log that is not finite."""
   for name, value in logs.items():

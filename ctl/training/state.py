@@ -117,12 +117,22 @@ def checkpoint_of(task: task_lib.Task, state: TrainState,
   are added explicitly so that a resumed run draws the same random numbers.
   `more`: other variables to save, by name (the actions' states).
   """
+  return tf.train.Checkpoint(task=task, rng=_rng_states(task),
+                             **state.checkpointable(), **more)
+
+
+def weights_checkpoint(task: task_lib.Task) -> tf.train.Checkpoint:
+  """The part of checkpoint_of that is the task's: models, optimizers,
+  metrics and random layers' states, not the step (for a rollback)."""
+  return tf.train.Checkpoint(task=task, rng=_rng_states(task))
+
+
+def _rng_states(task: task_lib.Task) -> list[tf.Variable]:
   rng_states = []
   for model in task.models():
     weights = {id(weight) for weight in model.weights}
     rng_states += [v for v in model.variables if id(v) not in weights]
-  return tf.train.Checkpoint(task=task, rng=rng_states,
-                             **state.checkpointable(), **more)
+  return rng_states
 
 
 def models_by_name(task: task_lib.Task) -> dict[str, keras.Model]:

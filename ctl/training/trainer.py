@@ -18,6 +18,7 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
+from ctl import errors
 from ctl import task as task_lib
 from ctl.data import inputs
 from ctl.runtime import checkpointing
@@ -160,7 +161,8 @@ class Trainer:
         stop_signal=self.stop_signal, speed=self.speed,
         strategy=self.strategy, task=self.task, workdir=self.workdir,
         is_chief=self.task_info.is_chief,
-        num_workers=self.task_info.num_workers, started=self.started)
+        num_workers=self.task_info.num_workers, started=self.started,
+        restore_weights=self._restore_weights)
     loops = self.loop.plan(int(self.state.step.numpy()))
     step_writer = summaries.step_summary_writer(
         workdir_lib.summary_dir(self.workdir, 'train'),
@@ -173,11 +175,16 @@ class Trainer:
 
   def _actions(self, reporter: loop_lib.Reporter) -> list[actions_lib.Action]:
     """ctl's actions and the task's, in the order they run after a loop:
-    report, evaluate (and what follows an evaluation), profile, the task's,
-    and last the checkpoint, so that it holds every decision of its step."""
+    those that handle a diverging loss (a rollback, before anything reads
+    the weights), report, evaluate (and what follows an evaluation),
+    profile, the task's others, and last the checkpoint, so that it holds
+    every decision of its step."""
     intervals = self.config.intervals
     call = actions_lib.Call
+    first = [action for action in self.task_actions
+             if action.handles_divergence]
     return [
+        *first,
         call('report', When(steps=(intervals.log_steps,
                                    intervals.summary_steps),
                             epochs=1, at_end=True), reporter.report),
@@ -185,13 +192,25 @@ class Trainer:
                               at_end=True, on_request='evaluate'),
              self.evaluation),
         *_profile_actions(self.config.profile, self.workdir),
-        *self.task_actions,
+        *(action for action in self.task_actions if action not in first),
         call('checkpoint', When(
             steps=intervals.checkpoint_steps,
             epochs=intervals.checkpoint_epochs,
             secs=intervals.checkpoint_secs, at_end=True,
             on_request='checkpoint'), self._save),
     ]
+
+  def _restore_weights(self) -> int:
+    """The task's variables from the latest checkpoint; returns its step."""
+    self.checkpointer.wait()
+    path = self.checkpointer.latest
+    if path is None:
+      raise errors.CtlError(
+          'The training loss diverged before the first checkpoint: there is '
+          'nothing to roll back to. Lower the learning rate, or save '
+          'earlier (config.intervals.checkpoint_steps).')
+    state_lib.weights_checkpoint(self.task).read(path).expect_partial()
+    return checkpointing.step_of(path)
 
   def _save(self, event: actions_lib.Event) -> None:
     self.action_states.capture(self.task_actions, event.requests.get('stop'))

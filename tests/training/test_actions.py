@@ -153,3 +153,24 @@ def test_a_chief_only_stop_request_is_agreed_by_two_workers(tmp_path):
   # Only the chief ran it, once at each of its steps.
   assert (workdir / 'stop_request.txt').read_text().split() == [
       '4', '8', '12', '16', '20']
+
+
+@pytest.mark.slow
+def test_a_spiking_loss_is_rolled_back_and_the_run_finishes(tmp_path):
+  args = (f'--config={NOISY}:SpikesOnce', '--config.deterministic=True',
+          '--config.rollback.max_rollbacks=2', '--config.rollback.factor=10')
+  rolled = helpers.run_ctl(*args, f'--workdir={tmp_path / "rolled"}')
+  assert rolled.returncode == 0, rolled.stderr[-3000:]
+  [line] = [line for line in rolled.stderr.splitlines()
+            if 'Rolled back' in line]
+  assert re.search(
+      r'Rolled back after step 21: the training loss is \S+, over 10 times '
+      r'its recent mean \S+ \(rollback 1 of 2\)\. The weights of step 20 '
+      r'are back; the data of steps 21\.\.21 is skipped\.', line), line
+  results = helpers.read_results(tmp_path / 'rolled')
+  assert results['step'] == 48
+  assert results['eval']['mae'] < 0.5
+  # Without rollback the spike wrecks the model (or its loss turns NaN).
+  plain = helpers.run_ctl(*args[:2], f'--workdir={tmp_path / "plain"}')
+  assert plain.returncode != 0 or (
+      helpers.read_results(tmp_path / 'plain')['eval']['mae'] > 1)
