@@ -2,8 +2,8 @@
 file of every logged value.
 
 Any task's run takes them from config fields (`config.early_stopping`,
-`config.rollback`, `config.log_csv`: `from_config`); a task's own `actions()` can add them
-too, with other arguments.
+`config.rollback`, `config.log_csv`: `from_config`); a task's own
+`actions()` can add them too, with other arguments.
 """
 
 import csv

@@ -68,7 +68,8 @@ def _pairs(task: task_lib.Task) -> list[tuple[tf.Variable, tf.Variable]]:
     averages = getattr(value, '_model_variables_moving_average', None)
     if not value.use_ema or not averages:
       continue
-    for variable, average in zip(value._trainable_variables, averages):  # pylint: disable=protected-access
+    trained = value._trainable_variables  # pylint: disable=protected-access
+    for variable, average in zip(trained, averages):
       pairs.append((_tf_variable(variable), _tf_variable(average)))
   return pairs
 

@@ -48,7 +48,8 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, *,
                strategy: tf.distribute.Strategy, task_info: distribution.Task,
                task_class: type[task_lib.Task],
-               stop_signal: preemption.StopSignal, workdir_lock, started: float):
+               stop_signal: preemption.StopSignal, workdir_lock,
+               started: float):
     self.config = config
     self.workdir = workdir
     self.strategy = strategy
