@@ -146,13 +146,24 @@ class BestCheckpoint:
                  os.path.join(self._directory, BEST_JSON))
 
   def _value_of(self, results: Mapping) -> float:
-    metrics = flat_metrics(results)
-    if self._metric not in metrics:
-      raise errors.ConfigError(
-          f'config.evaluation.best_metric={self._metric!r} is not an eval '
-          f'metric of this task; it has {sorted(metrics)}. Set one of '
-          "those, or '' to keep no best checkpoint.")
-    return metrics[self._metric]
+    return metric_value(results, self._metric, 'evaluation.best_metric',
+                        "or '' to keep no best checkpoint")
+
+
+def metric_value(results: Mapping, metric: str, field: str,
+                 otherwise: str) -> float:
+  """The eval metric `metric` ('name' or 'set/name') of eval results.
+
+  Raises:
+    ConfigError: naming config.<field> and the metrics there are, when
+      the results have no such metric; `otherwise` says what else to do.
+  """
+  metrics = flat_metrics(results)
+  if metric not in metrics:
+    raise errors.ConfigError(
+        f'config.{field}={metric!r} is not an eval metric of this task; it '
+        f'has {sorted(metrics)}. Set one of those, {otherwise}.')
+  return metrics[metric]
 
 
 def copy_checkpoint(source: str, destination: str) -> None:

@@ -79,13 +79,9 @@ class EarlyStopping(actions.Action):
     return value < self._best[0] - self._min_delta
 
   def _value(self, results) -> float:
-    metrics = best_lib.flat_metrics(results or {})
-    if self._metric not in metrics:
-      raise errors.ConfigError(
-          f'Early stopping watches eval metric {self._metric!r}, which this '
-          f'task does not have; it has {sorted(metrics)}. Use one of those '
-          '(config.early_stopping.metric).')
-    return metrics[self._metric]
+    return best_lib.metric_value(results or {}, self._metric,
+                                 'early_stopping.metric',
+                                 "or '' to stop only at the end")
 
   def state(self) -> dict[str, Any]:
     return {'best': self._best, 'waited': self._waited}

@@ -26,10 +26,6 @@ class EmaWeights:
     self._pairs = _pairs(task)
     self._swap = tf.function(self._swap_all, autograph=False)
 
-  def __bool__(self) -> bool:
-    """Whether the task keeps any moving average."""
-    return bool(self._pairs)
-
   def swap(self) -> None:
     """Exchanges the variables with their averages (again: back)."""
     if self._pairs:

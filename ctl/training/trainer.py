@@ -117,14 +117,13 @@ class Trainer:
       state_lib.check_workers_agree(self.strategy, self.state)
     step = int(self.state.step.numpy())
     results = workdir_lib.read_results(self.workdir)
+    # An action's stop is in the checkpoint it saved (self._stopped).
     if results is not None and (step >= self.length.total_steps or
-                                (results.get('stopped') or {}).get('step')
-                                == step):
-      stopped = results.get('stopped')
+                                self._stopped):
       logging.info('Training already finished at step %d of %d%s: nothing to '
                    'do. Results: %s', step, self.length.total_steps,
-                   f' (stopped: {stopped["reason"]})' if stopped else '',
-                   workdir_lib.results_path(self.workdir))
+                   f' (stopped: {self._stopped.reason})' if self._stopped
+                   else '', workdir_lib.results_path(self.workdir))
       return results
     if self.task_info.is_chief:
       workdir_lib.prepare(self.workdir)
