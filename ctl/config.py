@@ -118,6 +118,16 @@ def base_config() -> ml_collections.ConfigDict:
   # workdir/metrics.csv as step,name,value rows (ctl.CsvLogger).
   config.log_csv = False
 
+  # Log the run to an MLflow tracking server (the extra ctl[mlflow]): the
+  # config as params, train and eval values, the export as artifacts; one
+  # MLflow run per workdir, continued on resume (ctl/training/
+  # mlflow_logger.py). '' tracking_uri: off.
+  config.mlflow = ml_collections.ConfigDict()
+  config.mlflow.tracking_uri = ''  # e.g. 'http://localhost:5000'
+  config.mlflow.experiment = 'ctl'
+  config.mlflow.run_name = ''  # '': the workdir's name.
+  config.mlflow.parent_run_id = ''  # ctl.sweep sets it for its trials.
+
   # A SavedModel (serving signature on raw inputs) and .keras files of the
   # best checkpoint, else the latest, in workdir/export/ (ctl/serving/).
   config.export = ml_collections.ConfigDict()

@@ -21,6 +21,7 @@ from ctl import errors
 from ctl.runtime import distribution
 from ctl.serving import export as export_lib
 from ctl.training import evaluate as evaluate_lib
+from ctl.training import mlflow_logger
 from ctl.training import run as run_lib
 
 def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
@@ -46,12 +47,12 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
       return
     # With an evaluator task in the cluster, it exports, once it has
     # evaluated the last checkpoint: the best is known only then.
-    if task_info.task_type == 'evaluator':
-      export_lib.export_run(config, workdir)
+    if task_info.task_type == 'evaluator' or (task_info.is_chief and
+                                              not task_info.has_evaluator):
+      mlflow_logger.log_export(config, workdir,
+                               export_lib.export_run(config, workdir))
     elif task_info.has_evaluator:
       return
-    elif task_info.is_chief:
-      export_lib.export_run(config, workdir)
     else:
       _export_beside_the_chief(config, workdir)
 

@@ -21,6 +21,7 @@ override (nothing ran); 42 stopped by SIGTERM or Ctrl-C (running trials saved
 a checkpoint; run the same command again to go on).
 """
 
+import dataclasses
 import os
 import signal
 import sys
@@ -29,6 +30,7 @@ import time
 from absl import app
 from absl import flags
 
+from ctl import config as config_lib
 from ctl import errors
 from ctl.runtime import subprocesses
 from ctl.sweeps import trials as trials_lib
@@ -54,6 +56,7 @@ def main(argv: list[str]) -> None:
     print(f'ctl.sweep: error: {error}', file=sys.stderr)
     sys.exit(error.exit_code)
   workdir_lib.prepare(_WORKDIR.value)
+  trials, trial_config = _with_mlflow_parent(trials, config_file)
   workdir_lib.write_json(os.path.join(_WORKDIR.value, 'sweep.json'), {
       'sweep': os.path.abspath(_SWEEP.value), 'config': config_file,
       'metric': sweep.metric, 'mode': sweep.mode,
@@ -66,9 +69,35 @@ def main(argv: list[str]) -> None:
   from ctl.sweeps import report as sweep_report  # pylint: disable=g-import-not-at-top
   report = sweep_report.write(sweep, trials, _WORKDIR.value)
   print(report.summary)
+  if not stopped:
+    _finish_mlflow_parent(trial_config, report)
   if stopped:
     sys.exit(errors.EXIT_PREEMPTED)
   sys.exit(0 if report.all_finished else errors.EXIT_FAILURE)
+
+
+def _with_mlflow_parent(trials, config_file):
+  """Where the trials log to MLflow, the sweep's parent run (one per sweep
+  workdir) in every trial's command; and a trial's config."""
+  trial_config = config_lib.load(config_file, trials[0].overrides)
+  if not trial_config.mlflow.tracking_uri:
+    return trials, trial_config
+  from ctl.training import mlflow_logger  # pylint: disable=g-import-not-at-top
+  try:
+    parent = mlflow_logger.sweep_parent(trial_config, _WORKDIR.value)
+  except errors.CtlError as error:
+    print(f'ctl.sweep: error: {error}', file=sys.stderr)
+    sys.exit(error.exit_code)
+  flag = f'--config.mlflow.parent_run_id={parent}'
+  return [dataclasses.replace(trial, command=(*trial.command, flag))
+          for trial in trials], trial_config
+
+
+def _finish_mlflow_parent(trial_config, report) -> None:
+  if trial_config.mlflow.tracking_uri:
+    from ctl.training import mlflow_logger  # pylint: disable=g-import-not-at-top
+    mlflow_logger.finish_sweep_parent(
+        trial_config, _WORKDIR.value, report.results_csv, report.all_finished)
 
 
 class _Runner:

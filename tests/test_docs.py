@@ -16,7 +16,7 @@ TOP = ('.ci', 'ctl', 'configs', 'experiments', 'tests', 'benchmarks')
 # Flags of other programs that the docs show (sbatch, srun, pip, pytest).
 OTHER_PROGRAMS_FLAGS = {'--ntasks-per-node', '--gpus-per-task', '--requeue',
                         '--signal', '--open-mode', '--distribution',
-                        '--logdir', '--durations'}
+                        '--logdir', '--durations', '--host', '--port'}
 # A placeholder, and a field misspelt on purpose (to show the error).
 NOT_FIELDS = {'key', 'optimizer.learning_rat'}
 # ctl's packages: `training/run.py` and `data/in_memory.InMemory` are

@@ -49,6 +49,16 @@ def eval_results_path(workdir: str) -> str:
   return os.path.join(summary_dir(workdir, 'eval'), RESULTS_FILE)
 
 
+def metrics_csv_path(workdir: str) -> str:
+  """Every logged value as step,name,value rows (config.log_csv)."""
+  return os.path.join(workdir, 'metrics.csv')
+
+
+def mlflow_run_path(workdir: str) -> str:
+  """The MLflow run this workdir logs to (config.mlflow)."""
+  return os.path.join(workdir, 'mlflow.json')
+
+
 class Lock:
   """One trainer per workdir: an exclusive lock on the workdir folder.
 

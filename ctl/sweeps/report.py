@@ -26,6 +26,7 @@ class Report:
   summary: str  # The printed table.
   all_finished: bool
   best: str | None  # The best trial's name.
+  results_csv: str  # Its path.
 
 
 def write(sweep: hyper.Sweep, trials: Sequence[trials_lib.Trial],
@@ -37,7 +38,8 @@ def write(sweep: hyper.Sweep, trials: Sequence[trials_lib.Trial],
               if row['status'] == 'finished' and row['metric'] is not None]
   ranked = sorted(finished, key=lambda row: row['metric'],
                   reverse=sweep.mode == 'max')
-  _write_csv(os.path.join(workdir, 'results.csv'), rows, keys)
+  results_csv = os.path.join(workdir, 'results.csv')
+  _write_csv(results_csv, rows, keys)
   plot_path = None
   if finished:
     plot_path = os.path.join(workdir, f'{sweep.metric}.png')
@@ -45,7 +47,8 @@ def write(sweep: hyper.Sweep, trials: Sequence[trials_lib.Trial],
   _write_hparams(workdir, trials, keys, finished)
   return Report(summary=_summary(sweep, rows, ranked, workdir, plot_path),
                 all_finished=all(row['status'] == 'finished' for row in rows),
-                best=ranked[0]['trial'] if ranked else None)
+                best=ranked[0]['trial'] if ranked else None,
+                results_csv=results_csv)
 
 
 def _row(trial: trials_lib.Trial, metric: str) -> dict[str, Any]:

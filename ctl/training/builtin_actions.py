@@ -22,9 +22,6 @@ from ctl import actions
 from ctl.training import best as best_lib
 from ctl.training import loop
 
-CSV_FILE = 'metrics.csv'
-
-
 class EarlyStopping(actions.Action):
   """Stops training cleanly (exit 0) once an eval metric has not improved
   by more than `min_delta` for `patience` evaluations in a row.
@@ -238,6 +235,6 @@ def from_config(config: ml_collections.ConfigDict,
                           config.rollback.max_rollbacks,
                           config.rollback.window))
   if config.log_csv:
-    built.append(CsvLogger(os.path.join(workdir, CSV_FILE)))
+    built.append(CsvLogger(workdir_lib.metrics_csv_path(workdir)))
   return built
 

@@ -1,0 +1,220 @@
+"""MLflow tracking (the optional extra `ctl[mlflow]`): one MLflow run per
+ctl run, continued when the job resumes; a sweep's trials as child runs.
+
+    --config.mlflow.tracking_uri=http://localhost:5000
+
+The chief logs the config as params when the run starts, the logged train
+values (`train/<name>`) and eval results (`eval/<name>`, or
+`eval/<set>/<name>`) at their steps, the export as artifacts under
+`export/`, and marks the run FINISHED when training ends. The MLflow run's
+id is kept in workdir/mlflow.json: a resumed job continues that run, and
+does not log again the steps it had logged before it stopped (a resumed
+run computes them anew, bit for bit). A value MLflow could not take (the
+server down) is kept and sent with the next ones; training goes on.
+"""
+
+from collections.abc import Mapping
+import os
+import time
+
+from absl import logging
+import ml_collections
+
+from ctl import actions
+from ctl import errors
+from ctl.runtime import workdir as workdir_lib
+from ctl.training import best as best_lib
+
+_PARENT_TAG = 'mlflow.parentRunId'  # MLflow's own: runs nest under it.
+_MAX_PARAM_CHARS = 6000  # MLflow's limit on a param's value.
+_MAX_PENDING = 100_000  # Values kept while the server is unreachable.
+
+
+def enabled(config: ml_collections.ConfigDict) -> bool:
+  return bool(config.mlflow.tracking_uri)
+
+
+def client(tracking_uri: str):
+  """An MlflowClient with bounded waits: a few retries, 30 s a request."""
+  # MLflow's defaults retry for minutes; a training job must not hang on it.
+  os.environ.setdefault('MLFLOW_HTTP_REQUEST_MAX_RETRIES', '3')
+  os.environ.setdefault('MLFLOW_HTTP_REQUEST_TIMEOUT', '30')
+  try:
+    from mlflow import tracking  # pylint: disable=g-import-not-at-top
+  except ImportError as error:
+    raise errors.ConfigError(
+        'config.mlflow.tracking_uri is set but MLflow is not installed: pip '
+        'install "ctl[mlflow]" (or mlflow), or leave the URI empty.') from error
+  return tracking.MlflowClient(tracking_uri=tracking_uri)
+
+
+def open_run(mlflow, *, workdir: str, experiment: str, run_name: str = '',
+             tags: Mapping[str, str] | None = None) -> str:
+  """The id of workdir's MLflow run: the one in workdir/mlflow.json, set
+  running again, or a new one (recorded there)."""
+  path = workdir_lib.mlflow_run_path(workdir)
+  recorded = workdir_lib.read_json(path)
+  if recorded is not None:
+    run_id = recorded['run_id']
+    mlflow.update_run(run_id, status='RUNNING')
+    logging.info('MLflow: continuing run %s', run_id)
+    return run_id
+  found = mlflow.get_experiment_by_name(experiment)
+  experiment_id = (found.experiment_id if found else
+                   mlflow.create_experiment(experiment))
+  run = mlflow.create_run(
+      experiment_id,
+      run_name=run_name or os.path.basename(os.path.abspath(workdir)),
+      tags={'ctl.workdir': os.path.abspath(workdir), **(tags or {})})
+  run_id = run.info.run_id
+  workdir_lib.write_json(path, {'run_id': run_id, 'experiment': experiment,
+                                'tracking_uri': mlflow.tracking_uri})
+  logging.info('MLflow: run %s in experiment %r at %s', run_id, experiment,
+               mlflow.tracking_uri)
+  return run_id
+
+
+def recorded_run(workdir: str) -> str | None:
+  """The MLflow run id recorded in workdir, if any."""
+  recorded = workdir_lib.read_json(workdir_lib.mlflow_run_path(workdir))
+  return recorded['run_id'] if recorded else None
+
+
+def flat_params(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """The config as MLflow params: {'optimizer.learning_rate': '0.01'}."""
+  params = {}
+
+  def add(prefix, value):
+    if isinstance(value, Mapping):
+      for key, item in value.items():
+        add(f'{prefix}{key}.', item)
+    else:
+      params[prefix[:-1]] = str(value)[:_MAX_PARAM_CHARS]
+
+  add('', config.to_dict())
+  return params
+
+
+class MlflowLogger(actions.Action):
+  """Logs the run to MLflow (see the module's docstring); on the chief."""
+
+  when = actions.When(after_log=True, after_eval=True, at_end=True)
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self._settings = config.mlflow
+    self._params = flat_params(config)
+    self._workdir = workdir
+    self._mlflow = client(config.mlflow.tracking_uri)
+    self._check_reachable()
+    self._run_id = None  # Opened at the first run: training has started.
+    self._logged = {}  # {metric: the last step MLflow has of it}
+    self._pending = []  # mlflow Metric entries not sent yet.
+
+  def _check_reachable(self) -> None:
+    try:
+      self._mlflow.search_experiments(max_results=1)
+    except Exception as error:  # pylint: disable=broad-except
+      raise errors.CtlError(
+          f'MLflow tracking server {self._settings.tracking_uri} cannot be '
+          f'reached ({type(error).__name__}: {str(error)[:200]}). Start it, '
+          'or fix config.mlflow.tracking_uri; nothing was trained.') from error
+
+  def run(self, event: actions.Event) -> None:
+    if self._run_id is None:
+      self._open()
+    values = {}
+    if event.logged:
+      values.update({f'train/{name}': value
+                     for name, value in event.train_logs.items()
+                     if isinstance(value, (int, float))})
+    if event.evaluated:
+      values.update({f'eval/{name}': value for name, value in
+                     best_lib.flat_metrics(event.eval_results).items()})
+    self._queue(event.step, values)
+    self._send()
+    if event.end:
+      self._mlflow.set_terminated(self._run_id, 'FINISHED')
+
+  def _open(self) -> None:
+    parent = self._settings.parent_run_id
+    self._run_id = open_run(
+        self._mlflow, workdir=self._workdir,
+        experiment=self._settings.experiment,
+        run_name=self._settings.run_name,
+        tags={_PARENT_TAG: parent} if parent else None)
+    run = self._mlflow.get_run(self._run_id)
+    self._log_params(run.data.params)
+    for key in run.data.metrics:  # Steps logged before a restart.
+      history = self._mlflow.get_metric_history(self._run_id, key)
+      self._logged[key] = max(entry.step for entry in history)
+
+  def _log_params(self, logged: Mapping[str, str]) -> None:
+    from mlflow import entities  # pylint: disable=g-import-not-at-top
+    changed = sorted(key for key, value in self._params.items()
+                     if key in logged and logged[key] != value)
+    if changed:
+      logging.warning('MLflow keeps a run\'s first params: these changed '
+                      'since and are not updated: %s', ', '.join(changed))
+    new = [entities.Param(key, value) for key, value in self._params.items()
+           if key not in logged]
+    for start in range(0, len(new), 100):  # MLflow's batch limit.
+      self._mlflow.log_batch(self._run_id, params=new[start:start + 100])
+
+  def _queue(self, step: int, values: Mapping[str, float]) -> None:
+    from mlflow import entities  # pylint: disable=g-import-not-at-top
+    now = int(time.time() * 1000)
+    for key, value in values.items():
+      if step > self._logged.get(key, -1):
+        self._pending.append(entities.Metric(key, float(value), now, step))
+        self._logged[key] = step
+    del self._pending[:-_MAX_PENDING]
+
+  def _send(self) -> None:
+    try:
+      while self._pending:
+        self._mlflow.log_batch(self._run_id, metrics=self._pending[:1000])
+        del self._pending[:1000]
+    except Exception as error:  # pylint: disable=broad-except
+      logging.warning('MLflow did not take %d values (%s: %s); sending them '
+                      'again with the next ones.', len(self._pending),
+                      type(error).__name__, str(error)[:200])
+
+
+def log_export(config: ml_collections.ConfigDict, workdir: str,
+               export_dir: str) -> None:
+  """Uploads the export as the run's artifacts under export/."""
+  run_id = recorded_run(workdir)
+  if not enabled(config) or run_id is None:
+    return
+  client(config.mlflow.tracking_uri).log_artifacts(run_id, export_dir,
+                                                   artifact_path='export')
+  logging.info('MLflow: export logged as artifacts of run %s', run_id)
+
+
+def sweep_parent(trial_config: ml_collections.ConfigDict,
+                 sweep_workdir: str) -> str | None:
+  """The sweep's parent run (created once, continued when run again) where
+  its trials log to MLflow; None where they do not."""
+  if not enabled(trial_config):
+    return None
+  return open_run(client(trial_config.mlflow.tracking_uri),
+                  workdir=sweep_workdir,
+                  experiment=trial_config.mlflow.experiment,
+                  tags={'ctl.sweep': 'parent'})
+
+
+def finish_sweep_parent(trial_config: ml_collections.ConfigDict,
+                        sweep_workdir: str, results_csv: str,
+                        all_finished: bool) -> None:
+  run_id = recorded_run(sweep_workdir)
+  if not enabled(trial_config) or run_id is None:
+    return
+  mlflow = client(trial_config.mlflow.tracking_uri)
+  mlflow.log_artifact(run_id, results_csv)
+  mlflow.set_terminated(run_id, 'FINISHED' if all_finished else 'FAILED')
+
+
+def from_config(config: ml_collections.ConfigDict, workdir: str,
+                is_chief: bool) -> list[actions.Action]:
+  return [MlflowLogger(config, workdir)] if enabled(config) and is_chief else []
+

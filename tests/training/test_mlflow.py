@@ -1,0 +1,160 @@
+"""MLflow logging against a real tracking server started here (SQLite
+backend, artifacts served by it), read back with MlflowClient: one MLflow
+run per ctl run, continued after a SIGKILL and a restart without a step
+logged twice; a sweep's trials as children of one parent run."""
+
+import csv
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+
+from mlflow import tracking
+import portpicker
+import pytest
+
+from ctl import errors
+import helpers
+
+FLAGS = (f'--config={helpers.DIGITS}:smoke', '--config.deterministic=True',
+         '--config.intervals.log_steps=4', '--config.intervals.eval_steps=20',
+         '--config.log_csv=True')
+
+
+@pytest.fixture(scope='module')
+def server(tmp_path_factory):
+  """An MLflow tracking server on localhost; its URI."""
+  directory = tmp_path_factory.mktemp('mlflow')
+  port = portpicker.pick_unused_port()
+  job = helpers.Watched([
+      sys.executable, '-m', 'mlflow', 'server', '--host', '127.0.0.1',
+      '--port', str(port), '--workers', '1',
+      '--backend-store-uri', f'sqlite:///{directory / "mlflow.db"}',
+      '--artifacts-destination', str(directory / 'artifacts')])
+  try:
+    job.wait_for('Application startup complete|Listening at', timeout=180)
+    uri = f'http://127.0.0.1:{port}'
+    with urllib.request.urlopen(f'{uri}/health', timeout=30) as reply:
+      assert reply.status == 200
+    yield uri
+  finally:
+    # The server runs uvicorn in a process of its own: stop both.
+    for pid in [job.process.pid,
+                *helpers.processes_mentioning(str(directory / 'mlflow.db'))]:
+      try:
+        os.kill(pid, signal.SIGTERM)
+      except ProcessLookupError:
+        pass
+    try:
+      job.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      job.kill()
+
+
+def _run_of(client, workdir: pathlib.Path):
+  runs = client.search_runs(
+      [experiment.experiment_id for experiment in client.search_experiments()],
+      filter_string=f"tags.`ctl.workdir` = '{os.path.abspath(workdir)}'")
+  assert len(runs) == 1, [run.info.run_id for run in runs]
+  return runs[0]
+
+
+def _csv_values(workdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
+  values = {}
+  with open(workdir / 'metrics.csv', newline='') as file:
+    for row in csv.DictReader(file):
+      values.setdefault(row['name'], []).append(
+          (int(row['step']), float(row['value'])))
+  return values
+
+
+@pytest.mark.slow
+def test_a_killed_run_continues_its_mlflow_run_without_repeating_steps(
+    server, tmp_path):
+  flags = (*FLAGS, f'--config.mlflow.tracking_uri={server}',
+           '--config.mlflow.experiment=resume',
+           '--config.intervals.checkpoint_steps=20')
+  workdir = tmp_path / 'run'
+  # A SIGKILL after step 32: the restart trains steps 21..32 (or all from
+  # step 0) again, which MLflow has already.
+  job = helpers.Watched(helpers.ctl_command(*flags, f'--workdir={workdir}'))
+  job.wait_for(r'step 32/88 ')
+  job.kill()
+  client = tracking.MlflowClient(server)
+  assert _run_of(client, workdir).info.status == 'RUNNING'
+  resumed = helpers.run_ctl(*flags, f'--workdir={workdir}')
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert 'MLflow: continuing run' in resumed.stderr
+  assert int(re.search(r'Training from step (\d+)', resumed.stderr)[1]) < 32
+
+  run = _run_of(client, workdir)
+  assert run.info.status == 'FINISHED'
+  assert run.info.run_name == workdir.name
+  assert run.data.params['optimizer.learning_rate'] == str(
+      helpers.load_config('digits', 'smoke').optimizer.learning_rate)
+  # Every logged value once, at its step, as in metrics.csv.
+  for name, rows in _csv_values(workdir).items():
+    history = client.get_metric_history(run.info.run_id, name)
+    logged = sorted((entry.step, entry.value) for entry in history)
+    if 'per_second' in name:  # Speeds differ run to run.
+      assert [step for step, _ in logged] == [step for step, _ in rows]
+    else:
+      assert logged == pytest.approx(rows), name
+  assert 'eval/accuracy' in run.data.metrics
+  exported = {item.path for item in client.list_artifacts(run.info.run_id,
+                                                          'export')}
+  assert 'export/saved_model' in exported
+  assert 'export/model.keras' in exported
+
+
+@pytest.mark.slow
+def test_a_sweeps_trials_are_children_of_one_parent_run(server, tmp_path):
+  sweep_file = tmp_path / 'my_sweep.py'
+  sweep_file.write_text(
+      'from ctl import hyper\n\n'
+      'def get_sweep():\n'
+      f'  return hyper.Sweep(config={helpers.DIGITS + ":smoke"!r},\n'
+      '      trials=hyper.product(\n'
+      "          hyper.sweep('optimizer.learning_rate', [0.01, 0.03]),\n"
+      "          hyper.fixed({'mlflow.tracking_uri': " f'{server!r},\n'
+      "                       'mlflow.experiment': 'sweep',\n"
+      "                       'num_epochs': 1})),\n"
+      "      metric='eval.accuracy')\n")
+  command = [sys.executable, '-m', 'ctl.sweep', f'--sweep={sweep_file}',
+             f'--workdir={tmp_path / "sweep"}']
+  for _ in range(2):  # Run again: the finished trials are skipped.
+    sweep = subprocess.run(command, cwd=helpers.REPO, env=helpers.env_with(),
+                           capture_output=True, text=True, timeout=600)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+
+  client = tracking.MlflowClient(server)
+  experiment = client.get_experiment_by_name('sweep')
+  runs = client.search_runs([experiment.experiment_id])
+  parents = [run for run in runs if 'mlflow.parentRunId' not in run.data.tags]
+  assert len(parents) == 1 and len(runs) == 3
+  parent = parents[0]
+  assert parent.info.status == 'FINISHED'
+  children = [run for run in runs if run is not parent]
+  assert {run.data.tags['mlflow.parentRunId'] for run in children} == {
+      parent.info.run_id}
+  assert sorted(run.data.params['optimizer.learning_rate']
+                for run in children) == ['0.01', '0.03']
+  assert all(run.info.status == 'FINISHED' for run in children)
+  assert [item.path for item in client.list_artifacts(
+      parent.info.run_id)] == ['results.csv']
+
+
+def test_an_unreachable_server_stops_the_run_before_training(tmp_path):
+  port = portpicker.pick_unused_port()  # Nothing listens there.
+  run = helpers.run_ctl(
+      *FLAGS, f'--workdir={tmp_path / "run"}',
+      f'--config.mlflow.tracking_uri=http://127.0.0.1:{port}',
+      env=helpers.env_with(MLFLOW_HTTP_REQUEST_MAX_RETRIES='0'))
+  assert run.returncode == errors.EXIT_FAILURE
+  assert run.stderr.count('ctl: error: ') == 1
+  assert f'MLflow tracking server http://127.0.0.1:{port} cannot be reached' in (
+      run.stderr)
+  assert not (tmp_path / 'run').exists()
