@@ -385,7 +385,8 @@ def _save_times(workload, async_save: bool) -> tuple[float, float]:
   """Median seconds a save blocks training, and its write takes after."""
   # pylint: disable=g-import-not-at-top
   from benchmarks import workloads as bw
-  from ctl.runtime import checkpointing
+  from ctl.checkpoints import contents as checkpoint_contents
+  from ctl.checkpoints import manager as checkpoint_manager
   from ctl.runtime import tf_internals
   from ctl.training import state as state_lib
   # pylint: enable=g-import-not-at-top
@@ -393,8 +394,9 @@ def _save_times(workload, async_save: bool) -> tuple[float, float]:
   task = bw.build_task(workload)
   blocked, written = [], []
   with tempfile.TemporaryDirectory() as directory:
-    checkpointer = checkpointing.Checkpointer(
-        state_lib.checkpoint_of(task, state_lib.TrainState()), directory,
+    checkpointer = checkpoint_manager.Checkpointer(
+        checkpoint_contents.checkpoint_of(task, state_lib.TrainState()),
+        directory,
         is_chief=True, task_id=0, max_to_keep=2, async_save=async_save)
     checkpointer.save(0)  # Traces.
     checkpointer.wait()

@@ -36,10 +36,10 @@ from benchmarks.timeslice import Progress
 from ctl import config as config_lib
 from ctl import task as task_lib
 from ctl import tasks
+from ctl.checkpoints import data_positions
 from ctl.data import datasets
 from ctl.data import inputs
 from ctl.data import write_tfrecords
-from ctl.runtime import checkpointing
 
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / (
     'digits_tfrecord.py')
@@ -125,7 +125,7 @@ def data_position_save(directory: str, saves: int = 10,
   iterator = train_input.make_iterator([])
   milliseconds = []
   with tempfile.TemporaryDirectory() as scratch:
-    positions = checkpointing.DataPositions(
+    positions = data_positions.DataPositions(
         train_input.checkpointable, scratch,
         max_to_keep=task.config.intervals.keep_checkpoints)
     for save in range(saves + 1):

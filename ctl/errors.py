@@ -48,3 +48,22 @@ class PeerFailure(CtlError):
   """A collective failed: a worker died, hung or lost the cluster."""
 
   exit_code = EXIT_PEER_FAILED
+
+
+def summary(error: Exception, max_chars: int = 600) -> str:
+  """The error's message, cut to one readable paragraph."""
+  text = str(error).strip() or type(error).__name__
+  return text if len(text) <= max_chars else text[:max_chars] + ' ...'
+
+
+def op_reason(error: Exception) -> str:
+  """A TensorFlow op error's message without its function and op names,
+  nor the traceback of a graph's ("Graph execution error: Detected at
+  node ...")."""
+  message = getattr(error, 'message', str(error))
+  lines = [line.strip() for line in message.splitlines()
+           if line.strip() and not line.startswith((' ', '\t'))
+           and not line.startswith(('Graph execution error',
+                                    'Detected at node'))]
+  message = lines[-1] if lines else message.strip()
+  return message.split('}}')[-1].split('[Op:')[0].strip()

@@ -18,9 +18,9 @@ import ml_collections
 
 from ctl import errors
 
-from ctl.runtime import distribution
+from ctl.cluster import distribution
 from ctl.serving import export as export_lib
-from ctl.training import evaluate as evaluate_lib
+from ctl.training import checkpoint_evaluation
 from ctl.training import mlflow_logger
 from ctl.training import run as run_lib
 
@@ -28,9 +28,9 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
         checkpoint: str = '') -> dict:
   """Runs `mode`; returns its results (see each mode's function)."""
   if mode == 'evaluate':
-    return evaluate_lib.evaluate_checkpoint(config, workdir, checkpoint)
+    return checkpoint_evaluation.evaluate_checkpoint(config, workdir, checkpoint)
   if mode == 'evaluate_continuously':
-    results = evaluate_lib.evaluate_continuously(config, workdir)
+    results = checkpoint_evaluation.evaluate_continuously(config, workdir)
     if results['finished'] and config.export.at_end:
       export_lib.export_run(config, workdir)
     return results
@@ -38,7 +38,7 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
     return {'export': export_lib.export_run(config, workdir,
                                              checkpoint=checkpoint or 'best')}
 
-  def export_at_end(task_info: distribution.Task, finished_now: bool) -> None:
+  def export_at_end(task_info: distribution.Role, finished_now: bool) -> None:
     if not config.export.at_end:
       return
     # A run that had finished is exported again only if that export was

@@ -21,7 +21,8 @@ OTHER_PROGRAMS_FLAGS = {'--ntasks-per-node', '--gpus-per-task', '--requeue',
 NOT_FIELDS = {'key', 'optimizer.learning_rat'}
 # ctl's packages: `training/run.py` and `data/in_memory.InMemory` are
 # named from inside ctl/.
-PACKAGES = ('training', 'runtime', 'data', 'serving', 'tasks', 'sweeps')
+PACKAGES = ('training', 'runtime', 'data', 'serving', 'tasks', 'sweep',
+            'checkpoints', 'cluster')
 # Names of files, not of config fields or symbols: `config.json`.
 FILE_NAME = re.compile(r'.*\.(json|py|md|cfg|csv|txt|keras|yaml|sbatch|'
                        r'conf|npz|png|pb)')
@@ -224,5 +225,62 @@ def test_the_check_finds_names_that_do_not_exist(known):
   for span in ('ctl/trainig/run.py', 'training/run._no_such_function',
                '--config.intervals.log_stepz=1', 'config.no_such_field',
                '--no_such_flag', 'ctl.data.no_such_module',
-               'checkpointing.no_such_symbol', 'TrainLoop.no_such_method'):
+               'manager.no_such_symbol', 'TrainLoop.no_such_method'):
     assert _problem(span, *known), span
+
+
+def test_builds_map_lists_every_module():
+  text = (REPO / 'BUILD.md').read_text()
+  layout = text[text.index('## Layout'):text.index('### One run, top to bottom')]
+  listed = set(re.findall(r'`(ctl/[\w/]+\.py)`', layout))
+  modules = {str(path.relative_to(REPO)) for path in (REPO / 'ctl').rglob('*.py')
+             if path.name != '__init__.py' or path.parent.name == 'ctl'}
+  assert not modules - listed, f'BUILD.md\'s map leaves out {sorted(modules - listed)}'
+  assert not listed - modules, f'BUILD.md\'s map names {sorted(listed - modules)}'
+
+
+def _function_source(path: pathlib.Path, name: str) -> str:
+  """The source of function `name` ('f' or 'Class.method') in path."""
+  tree = ast.parse(path.read_text())
+  owner, _, function = name.rpartition('.')
+  scope = tree.body
+  if owner:
+    scope = next(node for node in tree.body
+                 if isinstance(node, ast.ClassDef) and node.name == owner).body
+  node = next(node for node in scope if isinstance(node, ast.FunctionDef)
+              and node.name == function)
+  return ast.get_source_segment(path.read_text(), node)
+
+
+# Each step of BUILD.md's walk, the module it is in, and what it calls
+# that leads to the next step.
+WALK = [
+    ('main.main', 'ctl/main.py', 'main', 'modes.run('),
+    ('modes.run', 'ctl/modes.py', 'run', 'train_and_evaluate('),
+    ('run.train_and_evaluate', 'ctl/training/run.py', 'train_and_evaluate',
+     'Trainer('),
+    ('Trainer.__init__', 'ctl/training/trainer.py', 'Trainer.__init__',
+     'assemble('),
+    ('Trainer.restore_or_start', 'ctl/training/trainer.py',
+     'Trainer.restore_or_start', 'restore_latest()'),
+    ('Trainer.train', 'ctl/training/trainer.py', 'Trainer.train',
+     'self.loop.run('),
+    ('TrainLoop.run', 'ctl/training/loop.py', 'TrainLoop.run', '_train('),
+    ('Trainer.finish', 'ctl/training/trainer.py', 'Trainer.finish',
+     'results_path('),
+]
+
+
+def test_the_walk_names_the_functions_in_the_order_they_run():
+  text = (REPO / 'BUILD.md').read_text()
+  walk = text[text.index('### One run, top to bottom'):]
+  walk = walk[:walk.index('\n## ')]
+  steps = re.findall(r'^\d+\. `([\w.]+)`', walk, re.MULTILINE)
+  assert steps == [step for step, *_ in WALK]
+  # Trainer.run calls restore_or_start, train and finish, in that order.
+  run = _function_source(REPO / 'ctl/training/trainer.py', 'Trainer.run')
+  calls = [run.index(call) for call in ('self.restore_or_start()',
+                                         'self.train()', 'self.finish(')]
+  assert calls == sorted(calls)
+  for step, path, function, call in WALK:
+    assert call in _function_source(REPO / path, function), (step, call)

@@ -12,10 +12,11 @@ LAYERS = {
     'errors': 0,
     'registry': 1, 'config': 1, 'actions': 1,
     'config_help': 2, 'runtime': 2, 'data': 2, 'hyper': 2,
-    'task': 3,
+    'task': 3, 'cluster': 3,
+    'checkpoints': 4,
     'tasks': 4,
     'training': 5,
-    'serving': 6, 'sweeps': 6,
+    'serving': 6,
     'modes': 7, 'launch': 7, 'sweep': 7,
     'main': 8,
 }

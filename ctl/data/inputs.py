@@ -133,3 +133,15 @@ def input_context(strategy: tf.distribute.Strategy, worker_index: int,
   return tf.distribute.InputContext(
       num_input_pipelines=num_workers, input_pipeline_id=worker_index,
       num_replicas_in_sync=strategy.num_replicas_in_sync)
+
+
+def train_input(strategy: tf.distribute.Strategy, train_data, *, seed: int,
+                length, pad_loops_to: int | None, num_local_replicas: int):
+  """The step loop's view of a task's training data (see above); length:
+  the run's TrainingLength."""
+  if isinstance(train_data, in_memory.InMemory):
+    return InMemoryInput(
+        strategy, train_data, seed=seed,
+        global_batch_size=length.global_batch_size,
+        steps_per_epoch=length.steps_per_epoch, pad_loops_to=pad_loops_to)
+  return DatasetInput(strategy, train_data, num_local_replicas)

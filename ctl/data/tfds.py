@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl.data import tfrecord
+from ctl.data import tfrecord_files
 
 # The command that installs the TFDS extra.
 INSTALL = 'pip install -e ".[tfds]"'
@@ -182,10 +183,9 @@ class TFDSSource(tfrecord.TFRecordSource):
     self.spec = {key: _parse_spec(key, feature)
                  for key, feature in self._features.items()}
     self.files, self.counts = _split_files(builder, split)
-    tfrecord.check_spec(self.files[0], self.spec)
+    tfrecord_files.check_spec(self.files[0], self.spec)
     if not sum(self.counts):
       raise errors.CtlError(f'{self.pattern} holds no records.')
-    tfrecord.track(self)  # A corrupt record is named when training reads it.
 
   def decode_features(self, parsed: dict[str, tf.Tensor]
                       ) -> dict[str, tf.Tensor]:

@@ -42,15 +42,13 @@ reads it through and checks its CRCs, unless the writer recorded its count
 and size (`ctl.data.write_tfrecords` does, in features.json; TFDS in its
 metadata) and the size is unchanged: reading a large dataset through
 would take minutes at every start. A record found corrupt (or not matching
-the spec) during training stops the run at that record: `data_error`
-then reads the files of this process's sources to name the one at fault
+the spec) during training stops the run at that record: the source's
+`explain_failure` then reads its files through to name the one at fault
 (tf.data's own DataLossError names no file).
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-import weakref
 
 from absl import logging
 import tensorflow as tf
@@ -58,149 +56,12 @@ import tensorflow as tf
 from ctl import errors
 from ctl.data import augment
 from ctl.data import in_memory
+from ctl.data import tfrecord_files
 
-FeatureSpec = Mapping[str, tf.io.FixedLenFeature]
+FeatureSpec = tfrecord_files.FeatureSpec
 # decode(features, seed) -> an example; seed: an int64 [2] stateless seed
 # for augmentation (train), or None (eval: no augmentation).
 Decode = Callable[[dict[str, tf.Tensor], tf.Tensor | None], Any]
-
-# The tf.train.Feature kind that holds each dtype's values.
-_KINDS = {tf.string: 'bytes_list', tf.int64: 'int64_list',
-          tf.float32: 'float_list'}
-
-# The sources this process made, for data_error to look through.
-_SOURCES = weakref.WeakSet()
-
-
-def spec_from_json(features: Mapping[str, Mapping[str, Any]]) -> dict[
-    str, tf.io.FixedLenFeature]:
-  """A parse spec from features.json's form: {name: {dtype, shape}}.
-
-  Raises:
-    CtlError: for a dtype that a tf.train.Example cannot hold.
-  """
-  spec = {}
-  for name, feature in features.items():
-    dtype = tf.as_dtype(feature['dtype'])
-    if dtype not in _KINDS:
-      raise errors.CtlError(
-          f'Feature {name!r} has dtype {feature["dtype"]!r}: a '
-          "tf.train.Example holds only 'string', 'int64' or 'float32'.")
-    spec[name] = tf.io.FixedLenFeature(list(feature.get('shape', [])), dtype)
-  return spec
-
-
-def find_files(pattern: str) -> list[str]:
-  """The files matching pattern, sorted (every worker sees one order).
-
-  Raises:
-    CtlError: when the directory is missing or nothing matches.
-  """
-  directory = os.path.dirname(pattern) or '.'
-  if not tf.io.gfile.isdir(directory):
-    raise errors.CtlError(
-        f'The data directory {directory} does not exist (TFRecord files '
-        f'{pattern!r}). Write the files there, e.g. with `python -m '
-        f'ctl.data.write_tfrecords --output={directory}`, or correct the '
-        'path.')
-  files = sorted(tf.io.gfile.glob(pattern))
-  if not files:
-    raise errors.CtlError(
-        f'No file matches {pattern!r}. The directory {directory} holds: '
-        f'{sorted(tf.io.gfile.listdir(directory))[:10]}.')
-  return files
-
-
-def count_records(path: str) -> int:
-  """How many records a file holds, each read and its CRC checked.
-
-  Raises:
-    CtlError: naming the file when it is not a whole TFRecord file.
-  """
-  try:
-    return int(tf.data.TFRecordDataset(path).reduce(
-        tf.constant(0, tf.int64), lambda count, _: count + 1))
-  except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-    raise errors.CtlError(
-        f'{path} is not a whole TFRecord file: {_reason(error)}. Rewrite '
-        'it or remove it from the glob.') from error
-
-
-def parse_records(path: str, spec: FeatureSpec) -> None:
-  """Reads a file through: its CRCs, and every record parsed with spec.
-
-  Raises:
-    CtlError: naming the file, when it is not a whole TFRecord file or a
-      record of it does not parse (and which record).
-  """
-  count = count_records(path)
-
-  def first_gap(state, index, features):
-    del features  # Parsed (a record that does not parse is dropped).
-    expected, gap = state
-    return index + 1, tf.where((gap < 0) & (index != expected), expected, gap)
-
-  parsed = tf.data.TFRecordDataset(path).enumerate().map(
-      lambda index, record: (index, tf.io.parse_single_example(record, spec))
-  ).ignore_errors()
-  end, gap = parsed.reduce(
-      (tf.constant(0, tf.int64), tf.constant(-1, tf.int64)),
-      lambda state, element: first_gap(state, *element))
-  bad = int(gap) if int(gap) >= 0 else (int(end) if int(end) < count
-                                        else None)
-  if bad is None:
-    return
-  record = next(iter(tf.data.TFRecordDataset(path).skip(bad).take(1)))
-  try:
-    tf.io.parse_single_example(record, spec)
-    reason = 'it does not parse'
-  except tf.errors.InvalidArgumentError as error:
-    reason = _reason(error)
-  raise errors.CtlError(
-      f'Record {bad} of {path} does not match the feature spec: '
-      f'{reason.rstrip(".")}.')
-
-
-def check_spec(path: str, spec: FeatureSpec) -> None:
-  """Checks that the first record of a file has every feature of spec,
-  of its dtype and size.
-
-  Raises:
-    CtlError: naming the first feature that does not match, and the file.
-  """
-  try:
-    record = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
-  except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-    raise errors.CtlError(
-        f'{path} is not a whole TFRecord file: {_reason(error)}.') from error
-  if record is None:
-    return  # An empty file parses as nothing.
-  try:
-    example = tf.train.Example.FromString(record.numpy())
-  except Exception as error:  # The protobuf's DecodeError.
-    raise errors.CtlError(
-        f'The records of {path} are not tf.train.Example protos: '
-        f'{error}.') from error
-  found = example.features.feature
-  for name, feature in spec.items():
-    if name not in found:
-      raise errors.CtlError(
-          f'Feature {name!r} of the spec is not in the records of {path}; '
-          f'they have {sorted(found)}.')
-    kind = found[name].WhichOneof('kind')
-    expected_kind = _KINDS[feature.dtype]
-    if kind != expected_kind:
-      raise errors.CtlError(
-          f'Feature {name!r} of {path} is a {kind} but the spec says '
-          f'{feature.dtype.name} (a {expected_kind}).')
-    size = len(getattr(found[name], kind).value)
-    expected_size = 1
-    for dimension in feature.shape:
-      expected_size *= dimension
-    if size != expected_size:
-      raise errors.CtlError(
-          f'Feature {name!r} of {path} has {size} values but the spec\'s '
-          f'shape {list(feature.shape)} needs {expected_size}.')
 
 
 class TFRecordSource:
@@ -223,11 +84,12 @@ class TFRecordSource:
                known_counts: Mapping[str, Mapping[str, int]] | None = None):
     self.pattern = pattern
     self.spec = dict(spec)
-    files = find_files(pattern)
-    check_spec(files[0], self.spec)
+    files = tfrecord_files.find_files(pattern)
+    tfrecord_files.check_spec(files[0], self.spec)
     # How many batches each pipeline can fill. Reading a file through to
     # count it also finds a corrupt one now, with its name.
-    counts = [_known_count(path, known_counts or {}) or count_records(path)
+    counts = [tfrecord_files.known_count(path, known_counts or {}) or
+              tfrecord_files.count_records(path)
               for path in files]
     if not sum(counts):
       raise errors.CtlError(f'The files {pattern!r} hold no records.')
@@ -240,15 +102,33 @@ class TFRecordSource:
                       ', '.join(empty))
     self.files = [path for path, count in zip(files, counts) if count]
     self.counts = [count for count in counts if count]
-    track(self)
+
+  def explain_failure(self, error: Exception) -> errors.CtlError | None:
+    """What an error that stopped training means, if it is about a record
+    of these files: a DataLossError (a corrupt record), or an
+    InvalidArgumentError from parsing, names no file, so the files are read
+    through now, and the error names the first one that is corrupt or does
+    not match the spec. ctl asks every attribute of the task that has this
+    method (ctl/training/failures.py)."""
+    # ParseExample's errors: "Key: label.  Data types don't match. ...",
+    # "Feature: label (data type: int64) is required but could not be found."
+    if not isinstance(error, tf.errors.DataLossError) and not (
+        isinstance(error, tf.errors.InvalidArgumentError) and
+        errors.op_reason(error).startswith(('Key: ', 'Feature: '))):
+      return None
+    fault = self.find_fault()
+    if fault is None:
+      return None
+    return errors.CtlError(f'Training read a bad record: {fault} Nothing '
+                           'was saved after the latest checkpoint.')
 
   def find_fault(self) -> errors.CtlError | None:
     """The error of the first file that is corrupt or holds a record the
     spec does not parse, read through now; None when all are whole."""
     for path in self.files:
       try:
-        check_spec(path, self.spec)
-        parse_records(path, self.spec)
+        tfrecord_files.check_spec(path, self.spec)
+        tfrecord_files.parse_records(path, self.spec)
       except errors.CtlError as error:
         return error
     return None
@@ -374,56 +254,6 @@ class TFRecordSource:
     return self.files, True
 
 
-def track(source: TFRecordSource) -> None:
-  """Makes data_error look through source's files (every TFRecordSource
-  is tracked from its construction)."""
-  _SOURCES.add(source)
-
-
-def data_error(error: tf.errors.OpError,
-               sources: Iterable[TFRecordSource] | None = None
-               ) -> errors.CtlError | None:
-  """What an error that stopped training means when it is about the data.
-
-  A DataLossError (a corrupt record), or an InvalidArgumentError from
-  parsing, names no file. The files of the sources (by default, this
-  process's) are read through now, and the error names the first one that
-  is corrupt or does not match its spec.
-
-  Returns:
-    That CtlError; for a DataLossError of no source's file (a task's own
-    pipeline), one that says so; None for any other error.
-  """
-  data_loss = isinstance(error, tf.errors.DataLossError)
-  # ParseExample's errors: "Key: label.  Data types don't match. ...",
-  # "Feature: label (data type: int64) is required but could not be found."
-  if not data_loss and not (
-      isinstance(error, tf.errors.InvalidArgumentError) and
-      _reason(error).startswith(('Key: ', 'Feature: '))):
-    return None
-  for source in list(_SOURCES if sources is None else sources):
-    fault = source.find_fault()
-    if fault is not None:
-      return errors.CtlError(f'Training read a bad record: {fault} Nothing '
-                             'was saved after the latest checkpoint.')
-  if not data_loss:
-    return None
-  return errors.CtlError(
-      f'Training read a corrupt record ({_reason(error)}) through the task\'s '
-      'own pipeline, which does not say from which file: check each file, '
-      'e.g. with ctl.data.tfrecord.count_records(path). Nothing was saved '
-      'after the latest checkpoint.')
-
-
-def _known_count(path: str, known: Mapping[str, Mapping[str, int]]
-                 ) -> int | None:
-  """The writer's record count for path, if it recorded path's size."""
-  entry = known.get(os.path.basename(path))
-  if entry is None or tf.io.gfile.stat(path).length != entry['bytes']:
-    return None
-  return int(entry['records'])
-
-
 def _pipeline_records(counts: Sequence[int], num_pipelines: int,
                       pipeline: int) -> int:
   """The records one pipeline reads, sharded as _pipeline_files does."""
@@ -435,15 +265,3 @@ def _pipeline_records(counts: Sequence[int], num_pipelines: int,
 
 def _local_replicas(context: tf.distribute.InputContext) -> int:
   return max(1, context.num_replicas_in_sync // context.num_input_pipelines)
-
-
-def _reason(error: tf.errors.OpError) -> str:
-  """An op error's message without TensorFlow's function and op names, nor
-  the traceback of a graph's ("Graph execution error: Detected at node
-  ...")."""
-  lines = [line.strip() for line in error.message.splitlines()
-           if line.strip() and not line.startswith((' ', '\t'))
-           and not line.startswith(('Graph execution error',
-                                    'Detected at node'))]
-  message = lines[-1] if lines else error.message.strip()
-  return message.split('}}')[-1].split('[Op:')[0].strip()

@@ -6,7 +6,7 @@
     workdir/train/, eval/      TensorBoard events; eval/results.json: the
                                side-car's or --mode=evaluate's last results
     workdir/results.json       final metrics, written when training finishes
-    workdir/best/              the best checkpoint and best.json (training/best.py)
+    workdir/best/              the best checkpoint and best.json (checkpoints/best.py)
     workdir/export/            SavedModel and .keras files (serving/export.py)
 """
 

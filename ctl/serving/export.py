@@ -29,11 +29,10 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
-from ctl.runtime import checkpointing
+from ctl.checkpoints import contents as checkpoint_contents
+from ctl.checkpoints import files as checkpoint_files
 from ctl.runtime import workdir as workdir_lib
 from ctl.serving import load as load_lib
-from ctl.training import best as best_lib
-from ctl.training import state as state_lib
 
 EXPORT_DIR = 'export'
 SAVED_MODEL = 'saved_model'
@@ -128,9 +127,9 @@ def _snapshot(workdir: str, checkpoint: str, directory: str,
     (its path, 'best' | 'latest' | 'named', the snapshot's path).
   """
   for _ in range(attempts):
-    path, which = load_lib.find_checkpoint(workdir, checkpoint)
+    path, which = checkpoint_files.find(workdir, checkpoint)
     snapshot = os.path.join(directory, os.path.basename(path))
-    if best_lib.snapshot_checkpoint(path, snapshot):
+    if checkpoint_files.snapshot_checkpoint(path, snapshot):
       return path, which, snapshot
   raise errors.CtlError(
       f'Checkpoint {path} was deleted while it was being exported, '
@@ -156,16 +155,16 @@ def _write(task: task_lib.Task, directory: str) -> None:
     except (ValueError, TypeError, AssertionError) as error:
       raise errors.CtlError(
           f'Cannot save task {type(task).__name__}\'s serving signature as '
-          f'a SavedModel: {checkpointing.summary(error)}. Its variables must '
+          f'a SavedModel: {errors.summary(error)}. Its variables must '
           'belong to the task\'s Keras models or be tf.Variables that the '
           'task holds.') from error
-  for name, model in state_lib.models_by_name(task).items():
+  for name, model in checkpoint_contents.models_by_name(task).items():
     try:
       model.save(os.path.join(directory, f'{name}.keras'))
     except Exception as error:  # pylint: disable=broad-except
       logging.warning('Model %s cannot be saved as a .keras file (%s); the '
                       'SavedModel and the checkpoints have it.', name,
-                      checkpointing.summary(error, 200))
+                      errors.summary(error, 200))
 
 
 def _replace(staging: str, final: str, attempts: int = 3) -> None:

@@ -18,11 +18,11 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
-from ctl.runtime import distribution
+from ctl.checkpoints import contents as checkpoint_contents
+from ctl.checkpoints import files as checkpoint_files
+from ctl.cluster import distribution
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
-from ctl.training import best as best_lib
-from ctl.training import state as state_lib
 
 
 @dataclasses.dataclass
@@ -37,7 +37,7 @@ class LoadedRun:
   @property
   def models(self) -> dict[str, keras.Model]:
     """The task's Keras models by attribute name."""
-    return state_lib.models_by_name(self.task)
+    return checkpoint_contents.models_by_name(self.task)
 
   @property
   def model(self) -> keras.Model:
@@ -70,7 +70,7 @@ def load(workdir: str, checkpoint: str = 'best') -> LoadedRun:
       checkpoint does not fit the task.
   """
   config = saved_config(workdir)
-  path, _ = find_checkpoint(workdir, checkpoint)
+  path, _ = checkpoint_files.find(workdir, checkpoint)
   return restore(config, path)
 
 
@@ -82,28 +82,6 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
                           'workdir of a ctl run.')
   with open(path) as file:
     return ml_collections.ConfigDict(json.load(file))
-
-
-def find_checkpoint(workdir: str, which: str = 'best') -> tuple[str, str]:
-  """(path, 'best' | 'latest' | 'named') of a run's checkpoint.
-
-  Raises:
-    CtlError: there is none.
-  """
-  if which not in ('best', 'latest'):
-    if not tf.io.gfile.exists(f'{which}.index'):
-      raise errors.CtlError(f'Checkpoint {which} does not exist (no '
-                            f'{which}.index).')
-    return which, 'named'
-  if which == 'best':
-    kept = best_lib.read(workdir)
-    if kept is not None:
-      return os.path.join(best_lib.best_dir(workdir), kept['checkpoint']), 'best'
-  latest = tf.train.latest_checkpoint(workdir_lib.checkpoint_dir(workdir))
-  if latest is None:
-    raise errors.CtlError(
-        f'{workdir} has no checkpoint ({which}): train first.')
-  return latest, 'latest'
 
 
 def restore(config: ml_collections.ConfigDict, path: str,

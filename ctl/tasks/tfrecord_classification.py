@@ -28,6 +28,7 @@ from ctl import errors
 from ctl import task as task_lib
 from ctl.data import datasets
 from ctl.data import tfrecord
+from ctl.data import tfrecord_files
 from ctl.data import write_tfrecords
 from ctl.tasks import classification
 
@@ -122,7 +123,7 @@ class TFRecordClassification(classification.Classification):
           settings.eval_pattern)
       setattr(self, attribute, tfrecord.TFRecordSource(
           os.path.join(directory, pattern),
-          tfrecord.spec_from_json(metadata['features']),
+          tfrecord_files.spec_from_json(metadata['features']),
           known_counts=metadata['splits'].get(split, {}).get('files')))
     return getattr(self, attribute)
 

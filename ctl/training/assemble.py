@@ -12,14 +12,14 @@ import keras
 import ml_collections
 import tensorflow as tf
 
+from ctl import actions as actions_lib
 from ctl import errors
 from ctl import task as task_lib
 from ctl import tasks
+from ctl.checkpoints import contents as checkpoint_contents
 from ctl.data import inputs
-from ctl.runtime import checkpointing
-from ctl.runtime import distribution
+from ctl.cluster import distribution
 from ctl.runtime import tf_internals
-from ctl import actions as actions_lib
 from ctl.training import ema
 from ctl.training import state as state_lib
 
@@ -39,7 +39,7 @@ class Assembled:
   def checkpoint(self) -> tf.train.Checkpoint:
     """What training checkpoints: the task, the step counters and the
     actions' states."""
-    return state_lib.checkpoint_of(self.task, self.state,
+    return checkpoint_contents.checkpoint_of(self.task, self.state,
                                    actions=self.action_states.variable)
 
   def restore(self, path: str) -> None:
@@ -55,18 +55,18 @@ class Assembled:
     try:
       # Without the actions' states: evaluation and export do not need
       # them (and a checkpoint of an earlier ctl has none).
-      status = state_lib.checkpoint_of(self.task, self.state).read(path)
+      status = checkpoint_contents.checkpoint_of(self.task, self.state).read(path)
       status.expect_partial().assert_existing_objects_matched()
     except Exception as error:  # pylint: disable=broad-except
       raise errors.CtlError(
           f'Checkpoint {path} does not match the task of this config, or '
-          f'cannot be read: {checkpointing.summary(error)}') from error
+          f'cannot be read: {errors.summary(error)}') from error
     ema.EmaWeights(self.task, self.strategy).swap()
 
 
 def assemble(config: ml_collections.ConfigDict,
              strategy: tf.distribute.Strategy,
-             task_info: distribution.Task,
+             task_info: distribution.Role,
              task_class: type[task_lib.Task]) -> Assembled:
   """Creates the task, reads its training data's length, and builds it."""
   keras.utils.set_random_seed(config.seed)
@@ -94,7 +94,7 @@ def assemble_locally(config: ml_collections.ConfigDict,
   process's devices): for evaluation, export and ctl.load."""
   task_class = tasks.resolve(config.task)
   tf_internals.apply_fixes()
-  return assemble(config, strategy, distribution.Task(None, 0, 1, True),
+  return assemble(config, strategy, distribution.Role(None, 0, 1, True),
                   task_class)
 
 

@@ -14,12 +14,13 @@ from typing import Any
 
 from absl import logging
 import ml_collections
+import tensorflow as tf
 
+from ctl import actions
 from ctl import config as config_lib
 from ctl import errors
+from ctl.checkpoints import best as best_lib
 from ctl.runtime import workdir as workdir_lib
-from ctl import actions
-from ctl.training import best as best_lib
 from ctl.training import loop
 
 class EarlyStopping(actions.Action):
@@ -238,3 +239,29 @@ def from_config(config: ml_collections.ConfigDict,
     built.append(CsvLogger(workdir_lib.metrics_csv_path(workdir)))
   return built
 
+
+def profile_actions(config: ml_collections.ConfigDict,
+                    workdir: str) -> list[actions.Action]:
+  """Start and stop a profiler trace around config.num_steps steps."""
+  if not config.num_steps:
+    return []
+  logdir = workdir_lib.summary_dir(workdir, 'train')
+  # The first step traces the functions: a trace starts after it at least.
+  start = max(config.start_step, 1)
+  end = start + config.num_steps
+
+  def begin(event):
+    if event.step == start:
+      tf.profiler.experimental.start(logdir)
+
+  def finish(event):
+    if event.step == end:
+      tf.profiler.experimental.stop()
+      logging.info('Profiled steps %d..%d into %s', start + 1, end, logdir)
+
+  # Loops end at these steps on every worker; the trace covers the steps
+  # in between, on the chief alone.
+  return [actions.Call('profile start', actions.When(steps=start), begin,
+                           on_every_worker=False),
+          actions.Call('profile stop', actions.When(steps=end), finish,
+                           on_every_worker=False)]

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ctl.runtime import distribution
+from ctl.cluster import distribution
 
 
 class MetricReader:

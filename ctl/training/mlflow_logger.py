@@ -22,8 +22,8 @@ import ml_collections
 
 from ctl import actions
 from ctl import errors
+from ctl.checkpoints import best as best_lib
 from ctl.runtime import workdir as workdir_lib
-from ctl.training import best as best_lib
 
 _PARENT_TAG = 'mlflow.parentRunId'  # MLflow's own: runs nest under it.
 _MAX_PARAM_CHARS = 6000  # MLflow's limit on a param's value.

@@ -4,7 +4,6 @@ checkpoint holds, and how long training lasts."""
 import dataclasses
 import hashlib
 
-import keras
 import ml_collections
 import numpy as np
 import tensorflow as tf
@@ -106,39 +105,6 @@ def in_memory_steps_per_epoch(config: ml_collections.ConfigDict,
         f'config.batch_size={config.batch_size} is larger than the '
         f'{num_examples} training examples.')
   return steps_per_epoch
-
-
-def checkpoint_of(task: task_lib.Task, state: TrainState,
-                  **more: tf.Variable) -> tf.train.Checkpoint:
-  """Everything a run needs to continue exactly where it stopped.
-
-  Keras 3 keeps the state of random layers (Dropout's seed generator) in
-  variables that tf.train.Checkpoint does not find through a model; they
-  are added explicitly so that a resumed run draws the same random numbers.
-  `more`: other variables to save, by name (the actions' states).
-  """
-  return tf.train.Checkpoint(task=task, rng=_rng_states(task),
-                             **state.checkpointable(), **more)
-
-
-def weights_checkpoint(task: task_lib.Task) -> tf.train.Checkpoint:
-  """The part of checkpoint_of that is the task's: models, optimizers,
-  metrics and random layers' states, not the step (for a rollback)."""
-  return tf.train.Checkpoint(task=task, rng=_rng_states(task))
-
-
-def _rng_states(task: task_lib.Task) -> list[tf.Variable]:
-  rng_states = []
-  for model in task.models():
-    weights = {id(weight) for weight in model.weights}
-    rng_states += [v for v in model.variables if id(v) not in weights]
-  return rng_states
-
-
-def models_by_name(task: task_lib.Task) -> dict[str, keras.Model]:
-  """The task's Keras models by attribute name (for a warm start)."""
-  return {name: value for name, value in vars(task).items()
-          if isinstance(value, keras.Model)}
 
 
 def check_workers_agree(strategy: tf.distribute.Strategy,

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
-from ctl.runtime import distribution
+from ctl.cluster import distribution
 from ctl.training import state as state_lib
 
 # The key under which a step's log sums carry its number of examples.

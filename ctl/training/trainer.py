@@ -18,17 +18,19 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
+from ctl import actions as actions_lib
 from ctl import errors
 from ctl import task as task_lib
+from ctl.checkpoints import best as best_lib
+from ctl.checkpoints import contents as checkpoint_contents
+from ctl.checkpoints import data_positions
+from ctl.checkpoints import manager as checkpoint_manager
 from ctl.data import inputs
-from ctl.runtime import checkpointing
-from ctl.runtime import distribution
+from ctl.cluster import distribution
 from ctl.runtime import preemption
 from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
-from ctl import actions as actions_lib
 from ctl.training import assemble as assemble_lib
-from ctl.training import best as best_lib
 from ctl.training import builtin_actions
 from ctl.training import ema
 from ctl.training import evaluation
@@ -47,7 +49,7 @@ class Trainer:
   """A task built for training, with everything around its loop."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, *,
-               strategy: tf.distribute.Strategy, task_info: distribution.Task,
+               strategy: tf.distribute.Strategy, task_info: distribution.Role,
                task_class: type[task_lib.Task],
                stop_signal: preemption.StopSignal, workdir_lock,
                started: float):
@@ -68,14 +70,17 @@ class Trainer:
         task=self.task, in_memory=in_memory)
     logging.info('XLA compiles: %s (config.jit_compile=%r)', self.jit_compile,
                  config.jit_compile)
-    self.train_input = _train_input(config, strategy, assembled.train_data,
-                                    self.length, self.jit_compile)
-    self.data_positions = checkpointing.DataPositions(
+    self.train_input = inputs.train_input(
+        strategy, assembled.train_data, seed=config.seed, length=self.length,
+        pad_loops_to=(config.steps_per_loop if self.jit_compile == 'loop'
+                      else None),
+        num_local_replicas=distribution.local_replicas(strategy))
+    self.data_positions = data_positions.DataPositions(
         self.train_input.checkpointable,
         workdir_lib.data_position_dir(workdir),
         max_to_keep=config.intervals.keep_checkpoints,
         pipeline=task_info.worker_index, num_pipelines=task_info.num_workers)
-    self.checkpointer = checkpointing.Checkpointer(
+    self.checkpointer = checkpoint_manager.Checkpointer(
         assembled.checkpoint(), workdir_lib.checkpoint_dir(workdir),
         is_chief=task_info.is_chief, task_id=task_info.task_id,
         max_to_keep=config.intervals.keep_checkpoints,
@@ -114,7 +119,7 @@ class Trainer:
         self._stopped = loop_lib.Stopped(int(self.state.step.numpy()),
                                          stopped)
     elif self.config.init_from:
-      checkpointing.warm_start(state_lib.models_by_name(self.task),
+      checkpoint_contents.warm_start(checkpoint_contents.models_by_name(self.task),
                                self.config.init_from)
     if self.task_info.num_workers > 1:
       state_lib.check_workers_agree(self.strategy, self.state)
@@ -194,7 +199,7 @@ class Trainer:
         call('evaluate', When(steps=intervals.eval_steps, epochs=1,
                               at_end=True, on_request='evaluate'),
              self.evaluation),
-        *_profile_actions(self.config.profile, self.workdir),
+        *builtin_actions.profile_actions(self.config.profile, self.workdir),
         *(action for action in self.task_actions if action not in first),
         call('checkpoint', When(
             steps=intervals.checkpoint_steps,
@@ -212,8 +217,8 @@ class Trainer:
           'The training loss diverged before the first checkpoint: there is '
           'nothing to roll back to. Lower the learning rate, or save '
           'earlier (config.intervals.checkpoint_steps).')
-    state_lib.weights_checkpoint(self.task).read(path).expect_partial()
-    return checkpointing.step_of(path)
+    checkpoint_contents.weights_checkpoint(self.task).read(path).expect_partial()
+    return checkpoint_manager.step_of(path)
 
   def _save(self, event: actions_lib.Event) -> None:
     self.action_states.capture(self.task_actions, event.requests.get('stop'))
@@ -314,43 +319,3 @@ class _Evaluation:
     self._evaluator.close()
     self._checkpointer.wait()
     self._best.finish()
-
-
-def _train_input(config, strategy, train_data, length, jit_compile):
-  """The step loop's view of the training data."""
-  if isinstance(train_data, task_lib.InMemory):
-    return inputs.InMemoryInput(
-        strategy, train_data, seed=config.seed,
-        global_batch_size=length.global_batch_size,
-        steps_per_epoch=length.steps_per_epoch,
-        pad_loops_to=config.steps_per_loop if jit_compile == 'loop' else None)
-  return inputs.DatasetInput(strategy, train_data,
-                             distribution.local_replicas(strategy))
-
-
-def _profile_actions(config: ml_collections.ConfigDict,
-                     workdir: str) -> list[actions_lib.Action]:
-  """Start and stop a profiler trace around config.num_steps steps."""
-  if not config.num_steps:
-    return []
-  logdir = workdir_lib.summary_dir(workdir, 'train')
-  # The first step traces the functions: a trace starts after it at least.
-  start = max(config.start_step, 1)
-  end = start + config.num_steps
-
-  def begin(event):
-    if event.step == start:
-      tf.profiler.experimental.start(logdir)
-
-  def finish(event):
-    if event.step == end:
-      tf.profiler.experimental.stop()
-      logging.info('Profiled steps %d..%d into %s', start + 1, end, logdir)
-
-  # Loops end at these steps on every worker; the trace covers the steps
-  # in between, on the chief alone.
-  return [actions_lib.Call('profile start', When(steps=start), begin,
-                           on_every_worker=False),
-          actions_lib.Call('profile stop', When(steps=end), finish,
-                           on_every_worker=False)]
-

@@ -55,10 +55,3 @@ def resolve(setting: str, *, num_replicas: int, task: task_lib.Task,
     return 'step'
   return 'loop'
 
-
-def failure(error: tf.errors.OpError) -> str | None:
-  """The line saying why XLA could not compile, if that is the error."""
-  for line in error.message.splitlines():
-    if 'trying to compile' in line and '_JIT' in line:
-      return line.strip()[:500]
-  return None

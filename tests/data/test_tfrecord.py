@@ -16,8 +16,10 @@ import tensorflow as tf
 from ctl import errors
 from ctl.data import datasets
 from ctl.data import tfrecord
+from ctl.data import tfrecord_files
 from ctl.data import write_tfrecords
 from ctl.runtime import tf_internals
+from ctl.training import failures
 from ctl.training import run
 import helpers
 
@@ -284,7 +286,7 @@ def test_the_write_command_writes_shards_and_their_spec(tmp_path):
   metadata = write_tfrecords.read_metadata(str(output))
   assert metadata['image_shape'] == [8, 8] and metadata['num_classes'] == 10
   digits = datasets.load_digits(helpers.digits().data)
-  spec = tfrecord.spec_from_json(metadata['features'])
+  spec = tfrecord_files.spec_from_json(metadata['features'])
   train = tfrecord.TFRecordSource(str(output / 'train-*'), spec)
   assert len(train) == len(digits.train) == metadata['splits']['train'][
       'num_examples']
@@ -397,7 +399,7 @@ def test_a_record_that_does_not_parse_mid_file_is_named_when_read(tmp_path):
   source = tfrecord.TFRecordSource(pattern, SPEC)
   with pytest.raises(tf.errors.InvalidArgumentError) as raised:
     _labels(_train(pattern, batch=4))
-  error = tfrecord.data_error(raised.value, sources=[source])
+  error = source.explain_failure(raised.value)
   assert re.search(r"Record 5 of .*part-2\.tfrecord does not match the "
                    r"feature spec: Key: label\. +Data types don't match",
                    str(error)), error
@@ -409,12 +411,12 @@ def test_a_corrupt_record_of_a_task_s_own_pipeline_is_a_clear_error(
                  'IteratorGetNext defined at (most recent call last):\n  '
                  'File "x.py", line 13, in <module>\n\ncorrupted record at '
                  '940\n\t [[{{node while/IteratorGetNext}}]] [Op:__inference_f]')
-  error = tfrecord.data_error(tf.errors.DataLossError(None, None, graph_error),
-                              sources=[])
+  error = failures.data_failure(
+      tf.errors.DataLossError(None, None, graph_error), sources=[])
   assert str(error).startswith(
       "Training read a corrupt record (corrupted record at 940) through the "
       "task's own pipeline")
-  assert tfrecord.data_error(tf.errors.InvalidArgumentError(
+  assert failures.data_failure(tf.errors.InvalidArgumentError(
       None, None, 'Incompatible shapes'), sources=[]) is None
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from ctl.checkpoints import data_positions
 from ctl.runtime import tf_internals
 
 _TWO_ASYNC_SAVES = '''
@@ -162,9 +163,8 @@ def test_a_symbolic_checkpoint_of_a_parallel_interleave_is_a_hazard():
 def test_a_pipeline_whose_saves_could_segfault_is_refused_before_training(
     tmp_path):
   from ctl import errors  # pylint: disable=g-import-not-at-top
-  from ctl.runtime import checkpointing  # pylint: disable=g-import-not-at-top
   dataset = _symbolic(_parallel_interleave_per_epoch())
-  positions = checkpointing.DataPositions(
+  positions = data_positions.DataPositions(
       {'iterator': iter(dataset)}, str(tmp_path), max_to_keep=1)
   with pytest.raises(errors.CtlError, match='segmentation fault'):
     positions.check_savable(dataset)

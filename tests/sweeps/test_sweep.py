@@ -11,7 +11,7 @@ import pytest
 
 from ctl import errors
 from ctl import hyper
-from ctl.sweeps import trials as trials_lib
+from ctl.sweep import trials as trials_lib
 import helpers
 
 SHORT = {'num_epochs': 1}  # One epoch of digits: a trial takes seconds.

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ctl import errors
-from ctl.training import evaluate
+from ctl.training import checkpoint_evaluation
 from ctl.training import run
 import helpers
 
@@ -46,7 +46,7 @@ def test_the_best_checkpoint_survives_rotation_and_a_restart(tmp_path):
   # The kept checkpoint is the evaluated state: evaluating it again gives
   # the same accuracy, and changes nothing but eval/.
   before = helpers.file_stamps(tmp_path)
-  again = evaluate.evaluate_checkpoint(helpers.digits(3, **fields),
+  again = checkpoint_evaluation.evaluate_checkpoint(helpers.digits(3, **fields),
                                        str(tmp_path), str(kept))
   assert again['step'] == final['step']
   assert again['eval']['accuracy'] == final['value']
@@ -66,7 +66,7 @@ def test_a_best_metric_the_task_does_not_log_is_named(tmp_path):
 
 def test_evaluate_without_a_checkpoint_says_to_train_first(tmp_path):
   with pytest.raises(errors.CtlError, match='train first'):
-    evaluate.evaluate_checkpoint(helpers.digits(1), str(tmp_path))
+    checkpoint_evaluation.evaluate_checkpoint(helpers.digits(1), str(tmp_path))
   assert not list(tmp_path.iterdir())
 
 

@@ -30,24 +30,16 @@ resolve for `_UNRESOLVED_SECONDS` is a wrong cluster, not a late peer.
 Pure Python: nothing here imports TensorFlow.
 """
 
-import enum
 import math
-import socket
-import threading
 import time
 from typing import Callable
 
 from absl import logging
 
 from ctl import errors
-from ctl.runtime.cluster import Cluster
+from ctl.cluster import greetings
+from ctl.cluster.tf_config import Cluster
 
-# A probe greets with, and a listener answers, one line:
-# `ctl-start-up <cluster fingerprint> <task name>`; a task that leaves
-# during the wait sends `ctl-start-up-leaving <cluster fingerprint> <task>`,
-# and the peer whose host name did not resolve if that is why.
-_GREETING = 'ctl-start-up'
-_LEAVING = 'ctl-start-up-leaving'
 # How long a peer's host name may fail to resolve before the cluster is
 # taken for wrong (exit 2): Kubernetes creates a pod's DNS name when the
 # pod starts, which can lag the other pods by some seconds; a name that
@@ -57,30 +49,13 @@ _UNRESOLVED_SECONDS = 60.0
 # this task, before it counts as gone (one refusal could be the moment a
 # peer that is done closes its listener).
 _GONE_AFTER_REFUSALS = 2
-# The longest a leaving task spends telling one peer.
-_LEAVING_SECONDS = 0.5
 # As many for a peer that heard this task: it may be done, its port between
 # its listener and TensorFlow's server.
 _DONE_GONE_AFTER_REFUSALS = 15
-# Seconds between rounds of probes, and the longest a probe waits to
-# connect and then to be answered; a listener waits as long for a greeting.
+# Seconds between rounds of probes.
 _ROUND_SECONDS = 0.2
-_CONNECT_SECONDS = 1.0
-_ANSWER_SECONDS = 2.0
 # While waiting, the missing peers are logged this often.
 _REPORT_SECONDS = 30.0
-
-
-class _Heard(enum.Enum):
-  """What a probe of a peer's address found."""
-
-  NOTHING = 'nothing accepts connections there'
-  UNRESOLVED = 'its host name does not resolve'
-  SOMETHING_ELSE = ('something accepts connections there, but it is not a '
-                    'ctl task (another program holds the port?)')
-  OTHER_CLUSTER = ('a ctl task of another cluster answers there (started '
-                   'with a different TF_CONFIG?)')
-  PEER = 'arrived'
 
 
 def wait_for_peers(cluster: Cluster, timeout_seconds: float,
@@ -114,16 +89,16 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
   started = time.monotonic()
   deadline = started + (timeout_seconds or math.inf)
   next_report = started + _REPORT_SECONDS
-  heard = dict.fromkeys(peers, (_Heard.NOTHING, 'not probed yet'))
+  heard = dict.fromkeys(peers, (greetings.Heard.NOTHING, 'not probed yet'))
   refusals = dict.fromkeys(peers, 0)  # In a row, since it answered.
   in_tensorflow = set()  # Done: TensorFlow's server holds their port.
   unresolved_since = {}
-  with _Listener(cluster) as listener:
+  with greetings.Listener(cluster) as listener:
     try:
       while True:
         for peer in peers:
           if should_stop():
-            _tell_leaving(cluster, heard)
+            greetings.tell_leaving(cluster, heard)
             return False
           if peer not in in_tensorflow:
             _probe_again(cluster, peer, heard, refusals, unresolved_since,
@@ -131,19 +106,14 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
         heard_from = listener.heard_from()
         _check_peers(cluster, listener.left(), refusals, heard_from,
                      unresolved_since, unresolved_seconds)
-        if (all(found is _Heard.PEER for found, _ in heard.values()) and
+        if (all(found is greetings.Heard.PEER
+                for found, _ in heard.values()) and
             heard_from >= set(peers)):
           return True
         missing = _missing(cluster, heard, heard_from)
         now = time.monotonic()
         if now >= deadline:
-          raise errors.PeerFailure(
-              'The cluster did not form within '
-              f'distribution.startup_timeout_seconds={timeout_seconds:g}: '
-              f'{missing}. This task ({cluster.task_name} at '
-              f'{cluster.address}) gives up without training; restart all '
-              'workers of the job together, and check that every one of '
-              f'them starts with the same cluster ({cluster.source}).')
+          raise _did_not_form(cluster, timeout_seconds, missing)
         if now >= next_report:
           logging.info('Still waiting for the cluster after %.0f s: %s.',
                        now - started, missing)
@@ -152,12 +122,23 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
     except _Unresolved as error:
       # The peers are told which name does not resolve, so that they exit 2
       # too rather than 43 (a task gone), which slurm.sbatch requeues.
-      _tell_leaving(cluster, heard, error.peer)
+      greetings.tell_leaving(cluster, heard, error.peer)
       raise
     except BaseException:
       # Leaving (a failure, Ctrl-C): the peers need not wait for this task.
-      _tell_leaving(cluster, heard)
+      greetings.tell_leaving(cluster, heard)
       raise
+
+
+def _did_not_form(cluster: Cluster, timeout_seconds: float,
+                  missing: str) -> errors.PeerFailure:
+  return errors.PeerFailure(
+      'The cluster did not form within '
+      f'distribution.startup_timeout_seconds={timeout_seconds:g}: '
+      f'{missing}. This task ({cluster.task_name} at {cluster.address}) '
+      'gives up without training; restart all workers of the job together, '
+      'and check that every one of them starts with the same cluster '
+      f'({cluster.source}).')
 
 
 def _probe_again(cluster: Cluster, peer: str, heard: dict, refusals: dict,
@@ -167,15 +148,16 @@ def _probe_again(cluster: Cluster, peer: str, heard: dict, refusals: dict,
   is still probed, so that one killed since is noticed (refusals), and one
   done (it heard this task, and something else holds its port now) is
   left alone."""
-  found, detail = _probe(cluster, peer)
-  if heard[peer][0] is _Heard.PEER and found is not _Heard.PEER:
-    if found is _Heard.SOMETHING_ELSE and peer in heard_from:
+  found, detail = greetings.probe(cluster, peer)
+  if (heard[peer][0] is greetings.Heard.PEER and
+      found is not greetings.Heard.PEER):
+    if found is greetings.Heard.SOMETHING_ELSE and peer in heard_from:
       in_tensorflow.add(peer)
-    elif found is _Heard.NOTHING:
+    elif found is greetings.Heard.NOTHING:
       refusals[peer] += 1
   else:
     heard[peer], refusals[peer] = (found, detail), 0
-  if found is _Heard.UNRESOLVED:
+  if found is greetings.Heard.UNRESOLVED:
     unresolved_since.setdefault(peer, time.monotonic())
   else:
     unresolved_since.pop(peer, None)
@@ -235,32 +217,14 @@ def _unresolved(cluster: Cluster, peer: str, unresolved_seconds: float,
       'a host that does not exist. Correct it; nothing was trained.', peer)
 
 
-def _tell_leaving(cluster: Cluster, heard: dict, unresolved: str = '') -> None:
-  """Tells every peer that listens that this task is leaving, and which
-  peer's name did not resolve if that is why (best effort: one not
-  listening yet is not waited for)."""
-  for peer, (found, _) in heard.items():
-    if found is _Heard.UNRESOLVED:
-      continue
-    host, _, port = cluster.address_of(peer).rpartition(':')
-    try:
-      with socket.create_connection((host.strip('[]'), int(port)),
-                                    timeout=_LEAVING_SECONDS) as connection:
-        connection.sendall(
-            f'{_LEAVING} {cluster.fingerprint} {cluster.task_name} '
-            f'{unresolved}'.rstrip().encode() + b'\n')
-    except OSError:
-      pass
-
-
 def _missing(cluster: Cluster, heard: dict, heard_from: set[str]) -> str:
   """Says which peers are missing and what was found at their addresses."""
   missing = []
   for peer, (found, detail) in heard.items():
     where = f'{peer} at {cluster.address_of(peer)}'
-    if found is _Heard.NOTHING:
+    if found is greetings.Heard.NOTHING:
       missing.append(f'{where} did not arrive ({found.value}: {detail})')
-    elif found is not _Heard.PEER:
+    elif found is not greetings.Heard.PEER:
       missing.append(f'{where} did not arrive ({found.value})')
     elif peer not in heard_from:
       missing.append(f'{where} started but has not reached this task at '
@@ -270,141 +234,3 @@ def _missing(cluster: Cluster, heard: dict, heard_from: set[str]) -> str:
   # arrive between the two, every peer is named rather than none.
   return '; '.join(missing) or 'one of ' + ', '.join(
       f'{peer} at {cluster.address_of(peer)}' for peer in heard)
-
-
-def _greeting(cluster: Cluster) -> bytes:
-  """The line that names this task and its cluster to a peer."""
-  return f'{_GREETING} {cluster.fingerprint} {cluster.task_name}\n'.encode()
-
-
-def _probe(cluster: Cluster, peer: str) -> tuple[_Heard, str]:
-  """Greets peer at its address; returns what answered, and a detail."""
-  host, _, port = cluster.address_of(peer).rpartition(':')
-  try:
-    connection = socket.create_connection((host.strip('[]'), int(port)),
-                                          timeout=_CONNECT_SECONDS)
-  except socket.gaierror as error:
-    found = (_Heard.UNRESOLVED if error.errno in _NO_SUCH_NAME
-             else _Heard.NOTHING)
-    return found, error.strerror or str(error)
-  except OSError as error:
-    return _Heard.NOTHING, error.strerror or str(error) or type(error).__name__
-  with connection:
-    try:
-      connection.settimeout(_ANSWER_SECONDS)
-      connection.sendall(_greeting(cluster))
-      answer = _read_line(connection)
-    except OSError:
-      answer = ''
-  fields = answer.split()
-  if fields == [_GREETING, cluster.fingerprint, peer]:
-    return _Heard.PEER, ''
-  if fields[:1] == [_GREETING]:
-    return _Heard.OTHER_CLUSTER, ''
-  return _Heard.SOMETHING_ELSE, ''
-
-
-# getaddrinfo's answers for a name that does not exist (not a resolver
-# that failed for now, EAI_AGAIN).
-_NO_SUCH_NAME = tuple(getattr(socket, name) for name in (
-    'EAI_NONAME', 'EAI_NODATA') if hasattr(socket, name))
-
-
-def _read_line(connection: socket.socket, limit: int = 200) -> str:
-  """One short line from connection ('' if it is something else)."""
-  data = b''
-  while b'\n' not in data and len(data) < limit:
-    chunk = connection.recv(limit)
-    if not chunk:
-      break
-    data += chunk
-  line, newline, _ = data.partition(b'\n')
-  return line.decode('ascii', errors='replace') if newline else ''
-
-
-class _Listener:
-  """This task's address while it waits: answers its peers' greetings.
-
-  Serves on a thread of its own, so that answering never waits on this
-  task's own probes (two tasks probing each other at once would otherwise
-  each wait for the other's answer).
-  """
-
-  def __init__(self, cluster: Cluster):
-    self._cluster = cluster
-    self._heard_from = set()
-    self._left = {}
-    self._lock = threading.Lock()
-    self._stopping = threading.Event()
-    port = int(cluster.address.rpartition(':')[2])
-    try:
-      # All interfaces, as TensorFlow's server listens (it binds [::]:port
-      # whatever the host), so that every address a peer may use works.
-      if socket.has_dualstack_ipv6():
-        self._socket = socket.create_server(
-            ('', port), family=socket.AF_INET6, dualstack_ipv6=True)
-      else:
-        self._socket = socket.create_server(('', port))
-    except OSError as error:
-      raise errors.CtlError(
-          f'This task ({cluster.task_name}) cannot listen at its address '
-          f'{cluster.address} ({error.strerror or error}): another program '
-          f'(an earlier run of this task?) holds port {port}. Stop it, or '
-          'give the task a free port in TF_CONFIG.') from error
-    # accept() wakes up this often to see whether it should stop.
-    self._socket.settimeout(_ROUND_SECONDS)
-    self._thread = threading.Thread(target=self._serve, daemon=True,
-                                    name='ctl-start-up-listener')
-
-  def __enter__(self) -> '_Listener':
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    self._stopping.set()
-    self._thread.join()
-    self._socket.close()
-
-  def heard_from(self) -> set[str]:
-    """The peers whose greeting this task has answered."""
-    with self._lock:
-      return set(self._heard_from)
-
-  def left(self) -> dict[str, str]:
-    """The peers that said they are leaving, each with the peer whose name
-    did not resolve if that is why ('' otherwise)."""
-    with self._lock:
-      return dict(self._left)
-
-  def _serve(self) -> None:
-    """Answers greetings, one connection at a time, until stopped."""
-    while not self._stopping.is_set():
-      try:
-        connection, _ = self._socket.accept()
-      except TimeoutError:
-        continue
-      except OSError:
-        return
-      with connection:
-        self._answer(connection)
-
-  def _answer(self, connection: socket.socket) -> None:
-    """Answers one greeting; remembers the peer only once it is answered."""
-    try:
-      connection.settimeout(_ANSWER_SECONDS)
-      fields = _read_line(connection).split()
-      if fields[:1] == [_LEAVING]:
-        if (len(fields) in (3, 4) and
-            fields[1] == self._cluster.fingerprint and
-            fields[2] in self._cluster.peers):
-          with self._lock:
-            self._left[fields[2]] = (fields[3:] or [''])[0]
-        return
-      connection.sendall(_greeting(self._cluster))
-    except OSError:
-      return
-    if (len(fields) == 3 and fields[:2] == [_GREETING,
-                                             self._cluster.fingerprint]
-        and fields[2] in self._cluster.peers):
-      with self._lock:
-        self._heard_from.add(fields[2])

@@ -23,13 +23,14 @@ import tensorflow as tf
 
 from ctl import config as config_lib
 from ctl import errors
-from ctl.runtime import checkpointing
-from ctl.runtime import distribution
+from ctl.checkpoints import best as best_lib
+from ctl.checkpoints import files as checkpoint_files
+from ctl.checkpoints import manager as checkpoint_manager
+from ctl.cluster import distribution
 from ctl.runtime import preemption
 from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
-from ctl.training import best as best_lib
 from ctl.training import evaluation
 
 # Seconds between two looks for a new checkpoint (reading a small file).
@@ -95,7 +96,7 @@ def evaluate_continuously(config: ml_collections.ConfigDict, workdir: str,
   try:
     with preemption.StopSignal() as stop_signal:
       while last['step'] < _final_step(workdir, side.total_steps):
-        listed = _listed(directory)
+        listed = checkpoint_files.listed(directory)
         pending = [(step, path) for step, path in listed
                    if step > last['step']]
         _log_rotated_away(listed, pending, last['step'],
@@ -145,20 +146,6 @@ def _log_rotated_away(listed, pending, last_step: int,
         'training).', max(last_step, 0), pending[0][0], keep_checkpoints)
 
 
-def _listed(directory: str) -> list[tuple[int, str]]:
-  """(step, path) of the checkpoints training's state file lists, oldest
-  first (empty while there are none)."""
-  try:
-    state = tf.train.get_checkpoint_state(directory)
-  except (ValueError, tf.errors.OpError):  # Being replaced: read it later.
-    return []
-  if state is None:
-    return []
-  paths = [path if os.path.isabs(path) else os.path.join(directory, path)
-           for path in state.all_model_checkpoint_paths]
-  return sorted((checkpointing.step_of(path), path) for path in paths)
-
-
 class _SideEvaluation:
   """A task built on this process's devices, evaluated at checkpoints."""
 
@@ -195,11 +182,11 @@ class _SideEvaluation:
     Returns:
       The results, or None when the checkpoint was gone before it was read.
     """
-    step = checkpointing.step_of(path)
+    step = checkpoint_manager.step_of(path)
     reading = os.path.join(self._eval_dir, '.reading')
     os.makedirs(reading, exist_ok=True)
     snapshot = os.path.join(reading, f'ckpt-{step}')
-    if not best_lib.snapshot_checkpoint(path, snapshot):
+    if not checkpoint_files.snapshot_checkpoint(path, snapshot):
       logging.warning('Skipped checkpoint %s: it was deleted (rotated away '
                       'by keep_checkpoints) before it could be read.', path)
       return None
@@ -211,9 +198,9 @@ class _SideEvaluation:
                              summaries.json_ready(results))
       if self._best.improves(results['eval']):
         self._best.keep(step, results['eval'], lambda prefix:
-                        best_lib.copy_checkpoint(snapshot, prefix))
+                        checkpoint_files.copy_checkpoint(snapshot, prefix))
     finally:
-      best_lib.remove_checkpoint(snapshot)
+      checkpoint_files.remove_checkpoint(snapshot)
     return results
 
   def close(self) -> None:

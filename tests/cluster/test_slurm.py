@@ -22,7 +22,7 @@ import pytest
 
 import helpers
 from ctl import errors
-from ctl.runtime import slurm
+from ctl.cluster import slurm
 
 SBATCH = helpers.REPO / 'experiments' / 'deploy' / 'slurm.sbatch'
 
@@ -188,7 +188,7 @@ def test_a_port_base_beyond_the_last_port_is_a_config_error():
 def test_the_resolver_chooses_where_the_cluster_comes_from(
     monkeypatch, resolver, tf_config, srun, expected):
   from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
-  from ctl.runtime import distribution  # pylint: disable=g-import-not-at-top
+  from ctl.cluster import distribution  # pylint: disable=g-import-not-at-top
   for name in [*TWO_BY_TWO, 'TF_CONFIG']:
     monkeypatch.delenv(name, raising=False)
   if srun:

@@ -33,7 +33,7 @@ from absl import flags
 from ctl import config as config_lib
 from ctl import errors
 from ctl.runtime import subprocesses
-from ctl.sweeps import trials as trials_lib
+from ctl.sweep import trials as trials_lib
 from ctl.runtime import workdir as workdir_lib
 
 _SWEEP = flags.DEFINE_string('sweep', None,
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> None:
   stopped = _Runner(trials, _PARALLEL.value).run()
   # Imported late: TensorFlow and matplotlib are slow to import, and a bad
   # sweep should fail fast.
-  from ctl.sweeps import report as sweep_report  # pylint: disable=g-import-not-at-top
+  from ctl.sweep import report as sweep_report  # pylint: disable=g-import-not-at-top
   report = sweep_report.write(sweep, trials, _WORKDIR.value)
   print(report.summary)
   if not stopped:

@@ -19,8 +19,8 @@ import portpicker
 import pytest
 
 import helpers
-from ctl.runtime import cluster as cluster_lib
-from ctl.runtime import rendezvous
+from ctl.cluster import tf_config as cluster_lib
+from ctl.cluster import rendezvous
 from ctl import errors
 
 SMOKE = f'--config={helpers.DIGITS}:smoke'
@@ -278,7 +278,7 @@ def test_a_port_held_by_another_program_is_an_error_naming_it():
 
 
 def test_sigterm_while_waiting_is_recorded_not_fatal_and_then_restored():
-  from ctl.runtime import distribution  # pylint: disable=g-import-not-at-top
+  from ctl.cluster import distribution  # pylint: disable=g-import-not-at-top
   before = signal.getsignal(signal.SIGTERM)
   with distribution._StartUpSignal() as sigterm:  # pylint: disable=protected-access
     os.kill(os.getpid(), signal.SIGTERM)
@@ -390,7 +390,7 @@ def test_a_peer_that_leaves_while_the_cluster_forms_stops_the_others():
 
 _WAIT_IN_A_PROCESS = '''
 import sys
-from ctl.runtime import cluster, rendezvous
+from ctl.cluster import rendezvous, tf_config as cluster
 jobs = {'worker': tuple(sys.argv[1:])}
 rounds = []
 def report():

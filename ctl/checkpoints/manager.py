@@ -18,11 +18,9 @@ import shutil
 import tempfile
 
 from absl import logging
-import keras
 import tensorflow as tf
 
 from ctl import errors
-from ctl.runtime import tf_internals
 
 
 class Checkpointer:
@@ -126,7 +124,7 @@ class Checkpointer:
       # OpErrors, but a truncated one IndexError.
       raise errors.CtlError(
           f'Checkpoint {path} does not match this model and optimizer, or '
-          f'cannot be read: {summary(error)}\nIt was left untouched. '
+          f'cannot be read: {errors.summary(error)}\nIt was left untouched. '
           f'{self._how_to_resume_before(path)}Resume it with the config that '
           'wrote it, or train in a new --workdir.') from error
     self._last_saved_step = step_of(path)
@@ -211,189 +209,3 @@ def _check_state_file(directory: str) -> None:
         f'The checkpoint state file {state_file} cannot be read, so the '
         'latest checkpoint is unknown. It and the checkpoints were left '
         'untouched: repair or remove it, or train in a new --workdir.')
-
-
-def warm_start(models: dict[str, keras.Model], source: str) -> str:
-  """Loads model weights (nothing else) from a checkpoint or a workdir.
-
-  Args:
-    models: the task's freshly built Keras models by attribute name, as the
-      source's task named them.
-    source: a checkpoint path prefix, a checkpoint directory, or a workdir.
-
-  Returns:
-    The checkpoint path read.
-
-  Raises:
-    CtlError: when no checkpoint is found or it does not fit the models.
-  """
-  path = source
-  for directory in (source, os.path.join(source, 'checkpoints')):
-    if tf.io.gfile.isdir(directory) and tf.train.latest_checkpoint(directory):
-      path = tf.train.latest_checkpoint(directory)
-      break
-  holder = tf.Module()
-  for name, model in models.items():
-    setattr(holder, name, model)
-  try:
-    status = tf.train.Checkpoint(task=holder).read(path)
-    status.expect_partial().assert_existing_objects_matched()
-  except Exception as error:  # pylint: disable=broad-except
-    raise errors.CtlError(
-        f'Cannot warm-start from config.init_from={source!r}: '
-        f'{summary(error)}') from error
-  logging.info('Warm start: model weights from %s', path)
-  return path
-
-
-def summary(error: Exception, max_chars: int = 600) -> str:
-  """The error's message, cut to one readable paragraph."""
-  text = str(error).strip() or type(error).__name__
-  return text if len(text) <= max_chars else text[:max_chars] + ' ...'
-
-
-class DataPositions:
-  """Each input pipeline's data position (its tf.data iterator), per step.
-
-  The chief's checkpoint cannot hold the other workers' iterators, so every
-  worker writes its own pipeline's, `<directory>/pipeline-<i>-of-<n>/
-  ckpt-<step>`, before the checkpoint of the same step, and keeps as many
-  as the checkpoints. The name says which shard of how many it is: a
-  position saved by another number of workers is another shard, and a
-  worker's name (chief or worker) does not matter.
-  """
-
-  def __init__(self, trackables: dict, directory: str, *, max_to_keep: int,
-               pipeline: int = 0, num_pipelines: int = 1):
-    """Args as named; pipeline: this worker's input pipeline (its worker
-    index) of num_pipelines (the training workers)."""
-    self._root = directory
-    self._num_pipelines = num_pipelines
-    self._checkpoint = tf.train.Checkpoint(**trackables)
-    self._directory = os.path.join(directory,
-                                   _pipeline_dir(pipeline, num_pipelines))
-    self._max_to_keep = max_to_keep
-    self.enabled = bool(trackables)
-
-  def _prefix(self, step: int) -> str:
-    return os.path.join(self._directory, f'ckpt-{step}')
-
-  def problem(self, step: int) -> str | None:
-    """Why the data positions of checkpoint `step` cannot resume this job's
-    pipelines; None when every pipeline's is there.
-
-    Raises:
-      ConfigError: they were saved, whole, by another number of pipelines.
-    """
-    if not self.enabled:
-      return None
-    saved = self._saved_at(step)
-    if len(saved.get(self._num_pipelines, ())) == self._num_pipelines:
-      return None
-    for count, pipelines in saved.items():
-      if len(pipelines) == count:
-        raise errors.ConfigError(
-            f'The checkpoint of step {step} was saved by {count} worker(s), '
-            f'and this job has {self._num_pipelines}: each worker reads its '
-            'own shard of the task\'s tf.data pipeline and saved its own '
-            'position in it, so the shards cannot resume on another number '
-            f'of workers. Nothing was written. Resume with {count} '
-            'worker(s), or train in a new --workdir starting from these '
-            'weights with --config.init_from='
-            f'{os.path.dirname(self._root)}')
-    if saved:
-      return ('lacks a worker\'s data position (a worker was killed while '
-              'the workers saved it)')
-    return (f'has no data position in {self._root} (a task that reads a '
-            'tf.data pipeline saves one per worker beside every checkpoint)')
-
-  def _saved_at(self, step: int) -> dict[int, set[int]]:
-    """{number of pipelines: the pipelines with a position at `step`}."""
-    saved = {}
-    for index in tf.io.gfile.glob(os.path.join(
-        self._root, 'pipeline-*-of-*', f'ckpt-{step}.index')):
-      name = os.path.basename(os.path.dirname(index))
-      _, pipeline, _, count = name.split('-')
-      saved.setdefault(int(count), set()).add(int(pipeline))
-    return saved
-
-  def check_savable(self, dataset: tf.data.Dataset | None) -> None:
-    """Fails now, before training, if the position of `dataset` (the
-    pipeline the iterator reads) could not be saved: a stateful op anywhere
-    in it fails the save once the iterator has reached it, before or after
-    a shuffle.
-
-    Raises:
-      CtlError: naming the op that makes the pipeline's state unsavable.
-    """
-    if not self.enabled or dataset is None:
-      return
-    try:
-      tf_internals.check_dataset_serializable(dataset)
-    except tf.errors.FailedPreconditionError as error:
-      raise _unsavable(error) from error
-    hazard = tf_internals.symbolic_checkpoint_hazard(dataset)
-    if hazard is not None:  # Its saves could segfault (tf_internals).
-      raise errors.CtlError(hazard)
-
-  def save(self, step: int) -> None:
-    """Writes this pipeline's position at `step`; drops the oldest.
-
-    Raises:
-      CtlError: when the position cannot be saved (then no checkpoint of
-        this step is written; the earlier ones stay).
-    """
-    if not self.enabled:
-      return
-    try:
-      self._checkpoint.write(self._prefix(step))
-    except tf.errors.FailedPreconditionError as error:
-      raise _unsavable(error) from error
-    steps = sorted(step_of(name.rsplit('.', 1)[0]) for name in
-                   tf.io.gfile.listdir(self._directory)
-                   if name.startswith('ckpt-') and name.endswith('.index'))
-    for old in steps[:-self._max_to_keep]:
-      for path in tf.io.gfile.glob(self._prefix(old) + '.*'):
-        tf.io.gfile.remove(path)
-
-  def restore(self, step: int) -> None:
-    """Restores this pipeline's position at `step`.
-
-    Raises:
-      CtlError: when it is missing or does not fit the pipeline.
-    """
-    if not self.enabled:
-      return
-    prefix = self._prefix(step)
-    if not tf.io.gfile.exists(prefix + '.index'):
-      raise errors.CtlError(
-          f'The data position of step {step} is missing ({prefix}): the '
-          'checkpoint cannot resume the data exactly. Train in a new '
-          '--workdir, or restore the file.')
-    try:
-      self._checkpoint.read(prefix).assert_consumed()
-    except Exception as error:  # pylint: disable=broad-except
-      raise errors.CtlError(
-          f'The data position {prefix} does not fit this task\'s input '
-          f'pipeline: {summary(error)}. Resume with the pipeline that wrote '
-          'it, or train in a new --workdir.') from error
-
-
-def _pipeline_dir(pipeline: int, num_pipelines: int) -> str:
-  return f'pipeline-{pipeline}-of-{num_pipelines}'
-
-
-def _unsavable(error: tf.errors.FailedPreconditionError) -> errors.CtlError:
-  """The error for a pipeline whose position cannot be saved."""
-  reason = error.message.strip().splitlines()[0]
-  reason = reason.split('}}')[-1].split('[Op:')[0].strip()
-  reason = reason.removeprefix('Failed to serialize the input pipeline '
-                               'graph: ')
-  return errors.CtlError(
-      f'The training pipeline\'s position cannot be saved: {reason} (a '
-      'stateful op in the tf.data pipeline, before or after a shuffle, such '
-      'as tf.random.uniform, a Keras random layer, tf.py_function or '
-      'Dataset.from_generator). ctl must save it to resume exactly: draw '
-      'random numbers with stateless ops seeded by (seed, epoch, example), '
-      'e.g. ctl.data.augment.seeds and tf.random.stateless_uniform. Nothing '
-      'was saved at this step; earlier checkpoints are kept.')

@@ -15,7 +15,7 @@ from tensorboard.plugins.hparams import api as hparams_api  # pylint: disable=g-
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from ctl import hyper  # pylint: disable=g-import-not-at-top,wrong-import-position
-from ctl.sweeps import trials as trials_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ctl.sweep import trials as trials_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ctl.runtime import workdir as workdir_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _HPARAMS_SUFFIX = '.hparams'

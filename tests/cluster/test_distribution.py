@@ -5,8 +5,8 @@ import json
 import pytest
 import tensorflow as tf
 
-from ctl.runtime import cluster as cluster_lib
-from ctl.runtime import distribution
+from ctl.cluster import tf_config as cluster_lib
+from ctl.cluster import distribution
 
 WORKERS = {'worker': ['localhost:1', 'localhost:2']}
 WITH_CHIEF = {'chief': ['localhost:0'], **WORKERS}
@@ -37,7 +37,7 @@ def test_one_process_without_tf_config(monkeypatch, kind, strategy_type):
   config.strategy = kind
   strategy, task = distribution.build_strategy(config)
   assert type(strategy) is strategy_type  # pylint: disable=unidiomatic-typecheck
-  assert task == distribution.Task(None, 0, 1, True)
+  assert task == distribution.Role(None, 0, 1, True)
 
 
 def test_multi_worker_without_a_cluster_is_a_config_error(monkeypatch):
@@ -86,4 +86,4 @@ def test_tf_config_without_a_cluster_runs_one_process(monkeypatch, tf_config):
   monkeypatch.setenv('TF_CONFIG', tf_config)
   strategy, task = distribution.build_strategy(_distribution_config())
   assert type(strategy) is type(tf.distribute.get_strategy())  # pylint: disable=unidiomatic-typecheck
-  assert task == distribution.Task(None, 0, 1, True)
+  assert task == distribution.Role(None, 0, 1, True)

@@ -8,7 +8,9 @@ import pytest
 import tensorflow as tf
 
 from ctl import errors
-from ctl.runtime import checkpointing
+from ctl.checkpoints import contents as checkpoint_contents
+from ctl.checkpoints import data_positions
+from ctl.checkpoints import manager as checkpoint_manager
 import helpers
 
 
@@ -17,7 +19,7 @@ def _model(width=2):
 
 
 def _checkpointer(directory, model, **kwargs):
-  return checkpointing.Checkpointer(
+  return checkpoint_manager.Checkpointer(
       tf.train.Checkpoint(model=model), str(directory), is_chief=True,
       task_id=0, max_to_keep=3, **kwargs)
 
@@ -62,17 +64,17 @@ def test_warm_start_reads_models_by_attribute_name(tmp_path):
   source.model.weights[0].assign(tf.fill([3, 2], 7.0))
   tf.train.Checkpoint(task=source).write(str(tmp_path / 'ckpt-5'))
   target = _model()
-  checkpointing.warm_start({'model': target}, str(tmp_path / 'ckpt-5'))
+  checkpoint_contents.warm_start({'model': target}, str(tmp_path / 'ckpt-5'))
   np.testing.assert_array_equal(target.weights[0].numpy(), 7.0)
   with pytest.raises(errors.CtlError, match='Cannot warm-start'):
-    checkpointing.warm_start({'model': _model(width=4)},
+    checkpoint_contents.warm_start({'model': _model(width=4)},
                              str(tmp_path / 'ckpt-5'))
 
 
 def test_data_positions_resume_the_next_batches(tmp_path):
   dataset = tf.data.Dataset.range(100).shuffle(50, seed=1).batch(4)
   iterator = iter(dataset)
-  positions = checkpointing.DataPositions(
+  positions = data_positions.DataPositions(
       {'iterator': iterator}, str(tmp_path), pipeline=1, num_pipelines=2,
       max_to_keep=2)
   positions.check_savable(dataset)
@@ -84,7 +86,7 @@ def test_data_positions_resume_the_next_batches(tmp_path):
   assert sorted(path.name for path in (tmp_path / 'pipeline-1-of-2').glob(
       '*.index')) == ['ckpt-2.index', 'ckpt-3.index']
   resumed = iter(dataset)
-  checkpointing.DataPositions(
+  data_positions.DataPositions(
       {'iterator': resumed}, str(tmp_path), pipeline=1, num_pipelines=2,
       max_to_keep=2).restore(3)
   for batch in expected:
@@ -110,7 +112,7 @@ def _noise(x):
 ], ids=['alone', 'before_shuffle', 'after_shuffle', 'inside_interleave'])
 def test_a_pipeline_with_a_stateful_op_is_refused_naming_it(tmp_path,
                                                             dataset):
-  positions = checkpointing.DataPositions(
+  positions = data_positions.DataPositions(
       {'iterator': iter(dataset)}, str(tmp_path), max_to_keep=1)
   with pytest.raises(errors.CtlError, match='RandomUniform is stateful'):
     positions.check_savable(dataset)
@@ -120,7 +122,7 @@ def test_a_pipeline_with_a_stateful_op_is_refused_naming_it(tmp_path,
 def test_a_position_that_cannot_be_saved_later_is_a_clear_error(tmp_path):
   dataset = tf.data.Dataset.range(10).map(_noise).shuffle(5, seed=1)
   iterator = iter(dataset)
-  positions = checkpointing.DataPositions(
+  positions = data_positions.DataPositions(
       {'iterator': iterator}, str(tmp_path), max_to_keep=1)
   next(iterator)
   with pytest.raises(errors.CtlError, match='RandomUniform is stateful'):
@@ -128,7 +130,7 @@ def test_a_position_that_cannot_be_saved_later_is_a_clear_error(tmp_path):
 
 
 def _positions(tmp_path, pipeline, num_pipelines):
-  return checkpointing.DataPositions(
+  return data_positions.DataPositions(
       {'iterator': iter(tf.data.Dataset.range(10))}, str(tmp_path / 'data'),
       pipeline=pipeline, num_pipelines=num_pipelines, max_to_keep=3)
 

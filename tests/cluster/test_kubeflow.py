@@ -21,7 +21,7 @@ import portpicker
 import pytest
 import yaml
 
-from ctl.runtime import cluster as cluster_lib
+from ctl.cluster import tf_config as cluster_lib
 import helpers
 
 MANIFEST = helpers.REPO / 'experiments' / 'deploy' / 'tfjob.yaml'

@@ -17,7 +17,6 @@ import os
 import shutil
 
 from absl import logging
-import tensorflow as tf
 
 from ctl import errors
 from ctl.runtime import workdir as workdir_lib
@@ -166,43 +165,9 @@ def metric_value(results: Mapping, metric: str, field: str,
   return metrics[metric]
 
 
-def copy_checkpoint(source: str, destination: str) -> None:
-  """Copies the files of checkpoint `source` (a path prefix) to
-  `destination`, hard-linking them where the filesystem allows: a link
-  costs nothing, and keeps the files readable even when training rotates
-  the source away."""
-  files = tf.io.gfile.glob(f'{source}.*')
-  if not any(file.endswith('.index') for file in files):
-    raise FileNotFoundError(f'{source}.index')
-  for file in files:
-    target = destination + file[len(source):]
-    try:
-      os.link(file, target)
-    except OSError:
-      # Another filesystem, or an object store.
-      tf.io.gfile.copy(file, target, overwrite=True)
-
-
-def snapshot_checkpoint(source: str, destination: str) -> bool:
-  """copy_checkpoint for a checkpoint that may be deleted meanwhile
-  (rotated away, or a best replaced): False, with nothing left at
-  destination, when its files were gone before they were all linked."""
-  try:
-    copy_checkpoint(source, destination)
-    return True
-  except (FileNotFoundError, tf.errors.NotFoundError):
-    remove_checkpoint(destination)
-    return False
-
-
 def _remove(path: str) -> None:
   """Removes a file, or a folder with what it holds."""
   if os.path.isdir(path):
     shutil.rmtree(path, ignore_errors=True)
   else:
     os.remove(path)
-
-
-def remove_checkpoint(prefix: str) -> None:
-  for file in tf.io.gfile.glob(f'{prefix}.*'):
-    tf.io.gfile.remove(file)

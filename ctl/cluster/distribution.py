@@ -2,7 +2,7 @@
 
 A multi-worker start-up is bounded and can be stopped: before TensorFlow
 starts its server, `build_strategy` checks TF_CONFIG and waits for every
-peer in Python (ctl/runtime/cluster.py says why TensorFlow's own wait cannot be
+peer in Python (ctl/cluster/tf_config.py says why TensorFlow's own wait cannot be
 bounded or interrupted), within `distribution.startup_timeout_seconds`,
 with SIGTERM stopping the wait (exit code 42: nothing was trained).
 """
@@ -17,15 +17,15 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
-from ctl.runtime import cluster as cluster_lib
-from ctl.runtime import rendezvous
-from ctl.runtime import slurm
+from ctl.cluster import tf_config as cluster_lib
+from ctl.cluster import rendezvous
+from ctl.cluster import slurm
 from ctl.runtime import tf_internals
 from ctl import errors
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class Role:
   """This process's place in the job."""
 
   task_type: str | None  # None for a single process.
@@ -54,7 +54,7 @@ class Task:
 
 def build_strategy(
     config: ml_collections.ConfigDict
-) -> tuple[tf.distribute.Strategy, Task]:
+) -> tuple[tf.distribute.Strategy, Role]:
   """Builds the strategy named by config (the `distribution` section).
 
   Must run before any other TensorFlow op: a multi-worker strategy configures
@@ -77,7 +77,7 @@ def build_strategy(
                  cluster.task_name)
     strategy = _local_strategy(_choose_kind(config.strategy,
                                             has_cluster=False))
-    return strategy, Task(task_type='evaluator', task_id=cluster.task_index,
+    return strategy, Role(task_type='evaluator', task_id=cluster.task_index,
                           num_workers=1, is_chief=False)
   kind = _choose_kind(config.strategy, has_cluster=cluster is not None)
   if kind == 'multi_worker':
@@ -88,7 +88,7 @@ def build_strategy(
           'under srun (cluster_resolver auto or slurm).')
     return _build_multi_worker(config, cluster)
   # A single process waits for no one: its start-up needs no guard.
-  return _local_strategy(kind), Task(task_type=None, task_id=0,
+  return _local_strategy(kind), Role(task_type=None, task_id=0,
                                      num_workers=1, is_chief=True)
 
 
@@ -117,7 +117,7 @@ def _read_cluster(
   process.
 
   'tf_config' reads TF_CONFIG (as Kubeflow's TFJob and ctl.launch set it);
-  'slurm' the variables srun sets for each task (ctl/runtime/slurm.py);
+  'slurm' the variables srun sets for each task (ctl/cluster/slurm.py);
   'auto' TF_CONFIG when it is set, else Slurm's variables when srun started
   this process, else none.
   """
@@ -136,7 +136,7 @@ def _read_cluster(
 
 def _build_multi_worker(
     config: ml_collections.ConfigDict, cluster: cluster_lib.Cluster
-) -> tuple[tf.distribute.Strategy, Task]:
+) -> tuple[tf.distribute.Strategy, Role]:
   """Waits for the cluster to form, then builds MultiWorkerMirroredStrategy.
 
   The wait (rendezvous.wait_for_peers) is bounded by
@@ -165,7 +165,7 @@ def _build_multi_worker(
     # workers on localhost), which leaves that window small.
     if sigterm.received:
       raise _preempted_at_start_up()
-  return strategy, Task(task_type=cluster.task_type,
+  return strategy, Role(task_type=cluster.task_type,
                         task_id=cluster.task_index,
                         num_workers=len(cluster.training_tasks),
                         is_chief=cluster.is_chief, peers=cluster.peers,
@@ -232,7 +232,7 @@ class _StartUpSignal:
     self.received = True
 
 
-def leave_together(task: Task, timeout_seconds: float) -> None:
+def leave_together(task: Role, timeout_seconds: float) -> None:
   """Returns once this worker can exit without failing the others.
 
   ctl exits without TensorFlow's shutdown, which takes seconds (ctl/main.py),

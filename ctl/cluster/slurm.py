@@ -24,7 +24,7 @@ import re
 from absl import logging
 
 from ctl import errors
-from ctl.runtime import cluster as cluster_lib
+from ctl.cluster import tf_config as cluster_lib
 
 # The variables srun sets for each task; both are needed to tell a task of
 # a step from a batch script (which has SLURM_PROCID but no step).

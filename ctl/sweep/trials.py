@@ -1,6 +1,6 @@
 """A sweep's trials: loaded, checked, named and turned into commands.
 
-Nothing here runs a trial; ctl/sweep.py does.
+Nothing here runs a trial; ctl/sweep/__main__.py does.
 """
 
 import collections

@@ -1,0 +1,1 @@
+"""Checkpoints, all of them: saving and restoring the training state (manager.py), each input pipeline's data position (data_positions.py), what a checkpoint holds (contents.py), the best one (best.py), and checkpoint files (files.py)."""

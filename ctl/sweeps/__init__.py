@@ -1,1 +1,0 @@
-"""Sweeps: trials loaded and checked, their results reported (the command is ctl/sweep.py)."""

@@ -1,0 +1,118 @@
+"""What a failure that stopped training means for the user: TensorFlow's
+errors turned into ctl's, in one place.
+
+    raise failures.explain(error, ...) or error
+
+- a collective that lost a peer: PeerFailure (restart every worker);
+- a bad record: the data source holding it names it. A data source is any
+  attribute of the task with `explain_failure(error)` (ctl's
+  `TFRecordSource`, `TFDSSource`, or a user's own), which reads its files
+  through and returns a CtlError, or None; a corrupt record of a task's
+  own pipeline gets a message of its own;
+- XLA that cannot compile the step;
+- a full disk, or a workdir that vanished.
+
+Each says what was kept: checkpoints are whole or absent, so the latest
+whole one resumes the run.
+"""
+
+import errno
+import os
+
+import tensorflow as tf
+
+from ctl import errors
+from ctl import task as task_lib
+from ctl.cluster import distribution
+from ctl.runtime import workdir as workdir_lib
+
+# What a collective raises when a peer is gone or too slow.
+PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+               tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+def explain(error: Exception, *, workdir: str, task: task_lib.Task | None,
+            task_info: distribution.Role, timeout_seconds: float,
+            jit_compile: str) -> errors.CtlError | None:
+  """The ctl error that says what `error` means; None for an error ctl
+  cannot explain (it is raised as it is)."""
+  if isinstance(error, PEER_ERRORS):
+    return None if task_info.num_workers == 1 else peer_failure(
+        error, workdir, timeout_seconds)
+  if isinstance(error, (tf.errors.DataLossError,
+                        tf.errors.InvalidArgumentError)):
+    found = (data_failure(error, data_sources(task)) or
+             xla_failure(error, jit_compile))
+    if found is not None:
+      return found
+  if isinstance(error, (tf.errors.OpError, OSError)):
+    return storage_failure(error, workdir)
+  return None
+
+
+def peer_failure(error: Exception, workdir: str,
+                 timeout_seconds: float) -> errors.PeerFailure:
+  return errors.PeerFailure(
+      f'Lost the other workers ({type(error).__name__}): a worker died, '
+      'was stopped, or did not respond within '
+      f'distribution.timeout_seconds={timeout_seconds}. Nothing was saved '
+      'after the latest checkpoint in '
+      f'{workdir_lib.checkpoint_dir(workdir)}; restart every worker to '
+      'resume from it.')
+
+
+def data_sources(task: task_lib.Task | None) -> list:
+  """The task's attributes that explain their data's failures."""
+  if task is None:
+    return []
+  return [value for value in task_lib.attribute_values(task)
+          if callable(getattr(value, 'explain_failure', None))]
+
+
+def data_failure(error: tf.errors.OpError,
+                 sources) -> errors.CtlError | None:
+  """The error of the first source that finds a bad record; for a corrupt
+  record no source holds (a task's own pipeline), one that says so."""
+  for source in sources:
+    found = source.explain_failure(error)
+    if found is not None:
+      return found
+  if not isinstance(error, tf.errors.DataLossError):
+    return None
+  return errors.CtlError(
+      f'Training read a corrupt record ({errors.op_reason(error)}) through '
+      'the task\'s own pipeline, which does not say from which file: check '
+      'each file, e.g. with ctl.data.tfrecord_files.count_records(path). '
+      'Nothing was saved after the latest checkpoint.')
+
+
+def xla_failure(error: tf.errors.OpError,
+                jit_compile: str) -> errors.CtlError | None:
+  """The error for a step XLA cannot compile."""
+  for line in error.message.splitlines():
+    if 'trying to compile' in line and '_JIT' in line:
+      return errors.CtlError(
+          f'XLA cannot compile the training step: {line.strip()[:500]}. Run '
+          f'with --config.jit_compile=off (config.jit_compile='
+          f'{jit_compile!r}). Nothing was trained.')
+  return None
+
+
+def storage_failure(error: Exception, workdir: str) -> errors.CtlError | None:
+  """The error for a full disk or a workdir that vanished mid-run; None for
+  other errors. Checkpoints are whole or absent (the state file naming the
+  latest is written last), so the latest whole one is kept either way."""
+  if not os.path.isdir(workdir):
+    return errors.CtlError(
+        f'The workdir {workdir} vanished during the run (deleted, moved or '
+        f'unmounted): {errors.summary(error, 300)}. Restore it (the latest whole '
+        'checkpoint in it resumes the run) or train in a new --workdir.')
+  if 'No space left on device' in str(error) or getattr(
+      error, 'errno', None) == errno.ENOSPC:
+    return errors.CtlError(
+        f'The disk of {workdir} is full: {errors.summary(error, 300)}. Every '
+        'checkpoint before the one being written is whole and kept. Free '
+        'some space (or lower config.intervals.keep_checkpoints), then run '
+        'the same command again to resume from the latest.')
+  return None
+
