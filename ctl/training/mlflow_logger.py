@@ -48,6 +48,23 @@ def client(tracking_uri: str):
   return tracking.MlflowClient(tracking_uri=tracking_uri)
 
 
+def reachable_client(tracking_uri: str):
+  """client(tracking_uri), once the server answered.
+
+  Raises:
+    CtlError: it does not answer (after MLflow's few retries).
+  """
+  mlflow = client(tracking_uri)
+  try:
+    mlflow.search_experiments(max_results=1)
+  except Exception as error:  # pylint: disable=broad-except
+    raise errors.CtlError(
+        f'MLflow tracking server {tracking_uri} cannot be reached '
+        f'({type(error).__name__}: {str(error)[:200]}). Start it, or fix '
+        'config.mlflow.tracking_uri; nothing was trained.') from error
+  return mlflow
+
+
 def open_run(mlflow, *, workdir: str, experiment: str, run_name: str = '',
              tags: Mapping[str, str] | None = None) -> str:
   """The id of workdir's MLflow run: the one in workdir/mlflow.json, set
@@ -104,24 +121,14 @@ class MlflowLogger(actions.Action):
     self._settings = config.mlflow
     self._params = flat_params(config)
     self._workdir = workdir
-    self._mlflow = client(config.mlflow.tracking_uri)
-    self._check_reachable()
+    self._mlflow = reachable_client(config.mlflow.tracking_uri)
     self._run_id = None  # Opened at the first run: training has started.
-    self._logged = {}  # {metric: the last step MLflow has of it}
+    # {metric: the last step queued}: by this process, and by those before
+    # it (MLflow's history, read when the run is opened).
+    self._queued = {}
     self._pending = []  # mlflow Metric entries not sent yet.
 
-  def _check_reachable(self) -> None:
-    try:
-      self._mlflow.search_experiments(max_results=1)
-    except Exception as error:  # pylint: disable=broad-except
-      raise errors.CtlError(
-          f'MLflow tracking server {self._settings.tracking_uri} cannot be '
-          f'reached ({type(error).__name__}: {str(error)[:200]}). Start it, '
-          'or fix config.mlflow.tracking_uri; nothing was trained.') from error
-
   def run(self, event: actions.Event) -> None:
-    if self._run_id is None:
-      self._open()
     values = {}
     if event.logged:
       values.update({f'train/{name}': value
@@ -131,24 +138,41 @@ class MlflowLogger(actions.Action):
       values.update({f'eval/{name}': value for name, value in
                      best_lib.flat_metrics(event.eval_results).items()})
     self._queue(event.step, values)
-    self._send()
-    if event.end:
-      self._mlflow.set_terminated(self._run_id, 'FINISHED')
+    try:
+      if self._run_id is None:
+        self._open()
+      while self._pending:
+        self._mlflow.log_batch(self._run_id, metrics=self._pending[:1000])
+        del self._pending[:1000]
+      if event.end:
+        self._mlflow.set_terminated(self._run_id, 'FINISHED')
+    except Exception as error:  # pylint: disable=broad-except
+      # Training goes on; the values are sent with the next ones.
+      logging.warning('MLflow did not take %d values (%s: %s); sending them '
+                      'again with the next ones.', len(self._pending),
+                      type(error).__name__, str(error)[:200])
 
   def _open(self) -> None:
+    """Opens (or continues) the run; drops the values it already has."""
     parent = self._settings.parent_run_id
-    self._run_id = open_run(
+    run_id = open_run(
         self._mlflow, workdir=self._workdir,
         experiment=self._settings.experiment,
         run_name=self._settings.run_name,
         tags={_PARENT_TAG: parent} if parent else None)
-    run = self._mlflow.get_run(self._run_id)
-    self._log_params(run.data.params)
-    for key in run.data.metrics:  # Steps logged before a restart.
-      history = self._mlflow.get_metric_history(self._run_id, key)
-      self._logged[key] = max(entry.step for entry in history)
+    run = self._mlflow.get_run(run_id)
+    self._log_params(run_id, run.data.params)
+    logged = {}  # Steps logged before a restart: the resumed run repeats them.
+    for key in run.data.metrics:
+      history = self._mlflow.get_metric_history(run_id, key)
+      logged[key] = max(entry.step for entry in history)
+    self._pending = [metric for metric in self._pending
+                     if metric.step > logged.get(metric.key, -1)]
+    for key, step in logged.items():
+      self._queued[key] = max(step, self._queued.get(key, -1))
+    self._run_id = run_id
 
-  def _log_params(self, logged: Mapping[str, str]) -> None:
+  def _log_params(self, run_id: str, logged: Mapping[str, str]) -> None:
     from mlflow import entities  # pylint: disable=g-import-not-at-top
     changed = sorted(key for key, value in self._params.items()
                      if key in logged and logged[key] != value)
@@ -158,36 +182,32 @@ class MlflowLogger(actions.Action):
     new = [entities.Param(key, value) for key, value in self._params.items()
            if key not in logged]
     for start in range(0, len(new), 100):  # MLflow's batch limit.
-      self._mlflow.log_batch(self._run_id, params=new[start:start + 100])
+      self._mlflow.log_batch(run_id, params=new[start:start + 100])
 
   def _queue(self, step: int, values: Mapping[str, float]) -> None:
     from mlflow import entities  # pylint: disable=g-import-not-at-top
     now = int(time.time() * 1000)
     for key, value in values.items():
-      if step > self._logged.get(key, -1):
+      if step > self._queued.get(key, -1):  # Not twice for one step.
         self._pending.append(entities.Metric(key, float(value), now, step))
-        self._logged[key] = step
+        self._queued[key] = step
     del self._pending[:-_MAX_PENDING]
-
-  def _send(self) -> None:
-    try:
-      while self._pending:
-        self._mlflow.log_batch(self._run_id, metrics=self._pending[:1000])
-        del self._pending[:1000]
-    except Exception as error:  # pylint: disable=broad-except
-      logging.warning('MLflow did not take %d values (%s: %s); sending them '
-                      'again with the next ones.', len(self._pending),
-                      type(error).__name__, str(error)[:200])
 
 
 def log_export(config: ml_collections.ConfigDict, workdir: str,
                export_dir: str) -> None:
-  """Uploads the export as the run's artifacts under export/."""
+  """Uploads the export as the run's artifacts under export/ (a failure is
+  logged: the run and its export are whole without it)."""
   run_id = recorded_run(workdir)
   if not enabled(config) or run_id is None:
     return
-  client(config.mlflow.tracking_uri).log_artifacts(run_id, export_dir,
-                                                   artifact_path='export')
+  try:
+    client(config.mlflow.tracking_uri).log_artifacts(
+        run_id, export_dir, artifact_path='export')
+  except Exception as error:  # pylint: disable=broad-except
+    logging.warning('MLflow did not take the export (%s: %s); it is in %s.',
+                    type(error).__name__, str(error)[:200], export_dir)
+    return
   logging.info('MLflow: export logged as artifacts of run %s', run_id)
 
 
@@ -197,7 +217,7 @@ def sweep_parent(trial_config: ml_collections.ConfigDict,
   its trials log to MLflow; None where they do not."""
   if not enabled(trial_config):
     return None
-  return open_run(client(trial_config.mlflow.tracking_uri),
+  return open_run(reachable_client(trial_config.mlflow.tracking_uri),
                   workdir=sweep_workdir,
                   experiment=trial_config.mlflow.experiment,
                   tags={'ctl.sweep': 'parent'})
@@ -209,12 +229,19 @@ def finish_sweep_parent(trial_config: ml_collections.ConfigDict,
   run_id = recorded_run(sweep_workdir)
   if not enabled(trial_config) or run_id is None:
     return
+  """results.csv as the parent run's artifact; the run ended (FINISHED, or
+  FAILED when a trial failed)."""
   mlflow = client(trial_config.mlflow.tracking_uri)
-  mlflow.log_artifact(run_id, results_csv)
-  mlflow.set_terminated(run_id, 'FINISHED' if all_finished else 'FAILED')
+  try:
+    mlflow.log_artifact(run_id, results_csv)
+    mlflow.set_terminated(run_id, 'FINISHED' if all_finished else 'FAILED')
+  except Exception as error:  # pylint: disable=broad-except
+    logging.warning('MLflow did not take the sweep\'s results (%s: %s).',
+                    type(error).__name__, str(error)[:200])
 
 
 def from_config(config: ml_collections.ConfigDict, workdir: str,
                 is_chief: bool) -> list[actions.Action]:
+  """The chief's MlflowLogger when config.mlflow.tracking_uri is set."""
   return [MlflowLogger(config, workdir)] if enabled(config) and is_chief else []
 
