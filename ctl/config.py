@@ -42,6 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
   # used while the workdir has no checkpoint of its own; the optimizer and
   # step start afresh.
   config.init_from = ''
+  # What of it to take: attribute paths from the task, each a Keras model
+  # ('backbone') or a part of one ('model.backbone'), restored whole (the
+  # rest keeps its fresh initialisation: a new head); () takes every model.
+  config.init_select = ()
 
   # Examples per training step across all replicas and workers.
   config.batch_size = 64
@@ -62,6 +66,11 @@ def base_config() -> ml_collections.ConfigDict:
   # and on GPUs (see ctl/training/xla.py). A step XLA cannot compile fails
   # at its first step: set 'off'.
   config.jit_compile = 'auto'
+  # Python control flow on tensors in the task's train_step, eval_step and
+  # loop_logs (`if ctx.step < N:`, `for`, `while`) becomes graph control
+  # flow (AutoGraph), as in a tf.function. False traces them as written:
+  # a little faster to start, with Python control flow on tensors an error.
+  config.autograph = True
 
   # Periodic work; 0 turns an interval off. Each epoch end also logs, writes
   # summaries and evaluates. A checkpoint is also saved at the end of
@@ -189,7 +198,7 @@ def classification_config() -> ml_collections.ConfigDict:
   config.data.eval_fraction = 0.2
 
   config.model = ml_collections.ConfigDict()
-  # 'cnn', 'mlp', or 'package.module:function' (see ctl/tasks/models.py).
+  # 'cnn', 'mlp', or 'package.module:function' (see ctl/builtin_tasks/models.py).
   config.model.name = 'cnn'
   config.model.filters = 32  # cnn: filters of the 3x3 convolution.
   config.model.width = 128  # Units of each hidden dense layer.

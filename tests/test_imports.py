@@ -14,7 +14,7 @@ LAYERS = {
     'config_help': 2, 'runtime': 2, 'data': 2, 'hyper': 2,
     'task': 3, 'cluster': 3,
     'checkpoints': 4,
-    'tasks': 4,
+    'builtin_tasks': 4,
     'training': 5,
     'serving': 6,
     'modes': 7, 'launch': 7, 'sweep': 7,

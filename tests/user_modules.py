@@ -287,3 +287,32 @@ class SpikesOnce(NoisyRegression):
     x, y = batch
     y = tf.where(tf.equal(ctx.step, 20), y * 1e4, y)
     return super().train_step((x, y), ctx)
+
+
+class PythonControlFlow(NoisyRegression):
+  """A train_step written as users write one: Python `if`, `for` and
+  `while` on tensors (AutoGraph's), freezing the model for steps 1..4."""
+
+  def train_step(self, batch, ctx):
+    x, y = batch
+    with tf.GradientTape() as tape:
+      per_example = tf.reduce_mean(
+          tf.square(self.model(x, training=True) - y), axis=-1)
+      loss = tf.nn.compute_average_loss(
+          per_example, global_batch_size=ctx.global_batch_size)
+    gradients = tape.gradient(loss, self.model.trainable_variables)
+    frozen = 0.0
+    if ctx.step < 4:  # A tensor: AutoGraph makes it a tf.cond.
+      gradients = [tf.zeros_like(gradient) for gradient in gradients]
+      frozen = 1.0
+    total = 0.0
+    for i in tf.range(3):  # 0 + 1 + 2
+      total += tf.cast(i, tf.float32)
+    count = tf.constant(0)
+    while count < 2:
+      count += 1
+    kernel = tf.reduce_sum(self.model.trainable_variables[0])  # Before.
+    self.optimizer.apply_gradients(
+        zip(gradients, self.model.trainable_variables))
+    return {'loss': tf.reduce_mean(per_example), 'kernel': kernel,
+            'flow': total + tf.cast(count, tf.float32) + frozen}

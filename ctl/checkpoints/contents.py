@@ -2,6 +2,7 @@
 layers' states, the step and epoch, the actions' states; and a warm start
 that reads only the models' weights from another run."""
 
+from collections.abc import Sequence
 import os
 
 from absl import logging
@@ -45,34 +46,84 @@ def models_by_name(task: task_lib.Task) -> dict[str, keras.Model]:
           if isinstance(value, keras.Model)}
 
 
-def warm_start(models: dict[str, keras.Model], source: str) -> str:
+def warm_start(task: task_lib.Task, source: str,
+               select: Sequence[str] = ()) -> str:
   """Loads model weights (nothing else) from a checkpoint or a workdir.
 
   Args:
-    models: the task's freshly built Keras models by attribute name, as the
-      source's task named them.
+    task: the freshly built task; its Keras models are named by attribute,
+      as the source's task named them.
     source: a checkpoint path prefix, a checkpoint directory, or a workdir.
+    select: attribute paths from the task of what to restore, each whole
+      ('backbone', 'model.backbone'); () restores every model.
 
   Returns:
     The checkpoint path read.
 
   Raises:
-    CtlError: when no checkpoint is found or it does not fit the models.
+    CtlError: no checkpoint is found, or something selected does not fit
+      (a variable missing from the checkpoint, or of another shape).
+    ConfigError: a selected path names nothing trackable of the task.
   """
-  path = source
+  path = _checkpoint_path(source)
+  selected = ({name: _attribute(task, name) for name in select} if select
+              else models_by_name(task))
+  for name, value in selected.items():  # One by one: an error names it.
+    root = tf.Module()
+    _attach(root, name.split('.'), value)
+    try:
+      status = tf.train.Checkpoint(task=root).read(path)
+      status.expect_partial().assert_existing_objects_matched()
+    except Exception as error:  # pylint: disable=broad-except
+      raise errors.CtlError(
+          f'Cannot warm-start {name!r} from config.init_from={source!r} '
+          f'({path}): {errors.summary(error)}') from error
+  left = sorted(name for name, model in models_by_name(task).items()
+                if not any(_contains(value, model) for value in
+                           selected.values()))
+  logging.info('Warm start from %s: restored %s (%d variables)%s', path,
+               ', '.join(sorted(selected)),
+               sum(len(_variables(value)) for value in selected.values()),
+               f'; left as initialised: {", ".join(left)}' if left else '')
+  return path
+
+
+def _checkpoint_path(source: str) -> str:
   for directory in (source, os.path.join(source, 'checkpoints')):
     if tf.io.gfile.isdir(directory) and tf.train.latest_checkpoint(directory):
-      path = tf.train.latest_checkpoint(directory)
-      break
-  holder = tf.Module()
-  for name, model in models.items():
-    setattr(holder, name, model)
-  try:
-    status = tf.train.Checkpoint(task=holder).read(path)
-    status.expect_partial().assert_existing_objects_matched()
-  except Exception as error:  # pylint: disable=broad-except
-    raise errors.CtlError(
-        f'Cannot warm-start from config.init_from={source!r}: '
-        f'{errors.summary(error)}') from error
-  logging.info('Warm start: model weights from %s', path)
-  return path
+      return tf.train.latest_checkpoint(directory)
+  return source
+
+
+def _attribute(task: task_lib.Task, dotted: str):
+  """The object at a dotted attribute path from the task."""
+  value = task
+  for part in dotted.split('.'):
+    value = getattr(value, part, None)
+    if not isinstance(value, (keras.layers.Layer, tf.Module, tf.Variable)):
+      raise errors.ConfigError(
+          f'config.init_select names {dotted!r}, but the task has no '
+          f'trackable (a Keras model, layer or variable) at {part!r}. The '
+          f'task\'s models: {sorted(models_by_name(task))}.')
+  return value
+
+
+def _attach(root: tf.Module, path: list[str], value) -> None:
+  """Sets value at root.path[0].path[1]..., making the parents as needed,
+  so that the checkpoint finds it by the same attribute names."""
+  for part in path[:-1]:
+    if not hasattr(root, part):
+      setattr(root, part, tf.Module())
+    root = getattr(root, part)
+  setattr(root, path[-1], value)
+
+
+def _variables(value) -> list:
+  return list(getattr(value, 'variables', None) or [value])
+
+
+def _contains(value, model) -> bool:
+  """Whether model is value, or all of model's variables are value's."""
+  inside = {id(variable) for variable in _variables(value)}
+  return value is model or all(id(variable) in inside
+                               for variable in model.variables)

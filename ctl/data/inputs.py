@@ -11,9 +11,11 @@ Two kinds, one interface (used inside ctl's tf.functions):
   worker hands consecutive elements to its local replicas, as
   `distribute_datasets_from_function` does.
 
-Per loop: `loop_value(iterator, num_steps)` once, then for step i
-`step_value(loop_value, i)` in cross-replica context and
-`replica_batch(step_value, i)` on each replica.
+The step loop (ctl/training/steps.py) calls each input twice: once a loop,
+`loop_data(iterator, num_steps)` (in memory: the loop's example indices,
+read from the iterator at once; tf.data: nothing, its iterator is read step
+by step), and once a step, `batches(loop_data, i)`: step i's batch of every
+replica, a distributed value for `strategy.run`.
 """
 
 from collections.abc import Iterable
@@ -53,18 +55,18 @@ class InMemoryInput:
             steps_per_epoch=self._steps_per_epoch, loops=loops,
             context=context)))
 
-  def loop_value(self, iterator, num_steps: tf.Tensor):
+  def loop_data(self, iterator, num_steps: tf.Tensor):
+    """Each replica's example indices of the loop's steps."""
     rows = next(iterator)
     if self._pad_loops_to:  # One replica: rows is a tensor.
       rows = tf.pad(rows, [[0, self._pad_loops_to - num_steps], [0, 0]])
     return rows
 
-  def step_value(self, loop_value, step_in_loop: tf.Tensor):
-    del step_in_loop
-    return loop_value
-
-  def replica_batch(self, rows: tf.Tensor, step_in_loop: tf.Tensor) -> Any:
-    return self._data.gather(rows[step_in_loop])
+  def batches(self, rows, step_in_loop: tf.Tensor) -> Any:
+    """Each replica gathers its batch of the step from the arrays."""
+    return self._strategy.run(
+        lambda replica_rows: self._data.gather(replica_rows[step_in_loop]),
+        args=(rows,))
 
 
 class DatasetInput:
@@ -84,22 +86,19 @@ class DatasetInput:
     del loops  # The iterator's own state is the position.
     return self._iterator
 
-  def loop_value(self, iterator, num_steps: tf.Tensor):
-    del iterator, num_steps
+  def loop_data(self, iterator, num_steps: tf.Tensor):
+    del iterator, num_steps  # Read step by step, in batches().
     return None
 
-  def step_value(self, loop_value, step_in_loop: tf.Tensor):
-    del loop_value, step_in_loop
+  def batches(self, loop_data, step_in_loop: tf.Tensor) -> Any:
+    """The next element of the iterator for each local replica."""
+    del loop_data, step_in_loop
     elements = [next(self._iterator) for _ in range(self._num_local_replicas)]
     if self._num_local_replicas == 1:
       return elements[0]
     return self._strategy.experimental_distribute_values_from_function(
         lambda context: elements[
             context.replica_id_in_sync_group % self._num_local_replicas])
-
-  def replica_batch(self, batch: Any, step_in_loop: tf.Tensor) -> Any:
-    del step_in_loop
-    return batch
 
 
 def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int,

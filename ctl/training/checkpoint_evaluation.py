@@ -162,7 +162,7 @@ class _SideEvaluation:
         strategy=strategy, task=self._assembled.task,
         context=self._assembled.context,
         eval_batch_size=self._assembled.length.eval_batch_size,
-        seed=config.seed,
+        seed=config.seed, autograph=config.autograph,
         make_writer=lambda name: summaries.make_writer(
             os.path.join(self._eval_dir, name), True))
     if not self._evaluator.has_data():

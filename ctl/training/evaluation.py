@@ -31,7 +31,8 @@ class Evaluator:
   def __init__(self, *, strategy: tf.distribute.Strategy,
                task: task_lib.Task, context: tf.distribute.InputContext,
                eval_batch_size: int, seed: int,
-               make_writer: Callable[[str], summaries.MetricWriter]):
+               make_writer: Callable[[str], summaries.MetricWriter],
+               autograph: bool = True):
     """Args as named; make_writer(set name) makes a set's summary writer."""
     self._strategy = strategy
     self._task = task
@@ -39,6 +40,7 @@ class Evaluator:
     self._eval_batch_size = eval_batch_size
     self._seed = seed
     self._make_writer = make_writer
+    self._autograph = autograph
     self._sets = None  # {name: distributed dataset}, made at first use.
     self._writers = {}
     self._functions = {}
@@ -132,7 +134,9 @@ class Evaluator:
         global_batch_size=self._eval_batch_size, step=step, seed=self._seed,
         training=False)
     outputs = steps_lib.check_logs(
-        steps_lib.call_step(self._task.eval_step, batch, ctx, 'eval_step'),
+        steps_lib.call_step(
+            steps_lib.task_function(self._task.eval_step, self._autograph),
+            batch, ctx, 'eval_step'),
         'eval_step', scalars_only=False)
     scalars = {key: value for key, value in outputs.items()
                if value.shape.rank == 0}

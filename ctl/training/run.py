@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from ctl import config as config_lib
 from ctl import errors
-from ctl import tasks
+from ctl import builtin_tasks
 from ctl.cluster import distribution
 from ctl.runtime import preemption
 from ctl.runtime import tf_internals
@@ -53,7 +53,7 @@ def train_and_evaluate(
   """
   started = speed_lib.process_start_time()
   config_lib.validate(config)
-  task_class = tasks.resolve(config.task)
+  task_class = builtin_tasks.resolve(config.task)
   tf_internals.apply_fixes()
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()

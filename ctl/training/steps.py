@@ -5,11 +5,15 @@ whose count is a tensor, so it never retraces) and returns the loop's mean
 logs and the workers' agreed requests, in one all-reduce. The Python loop
 in ctl/training/loop.py owns everything else. ctl's own code is traced
 without AutoGraph: it has no Python control flow on tensors, and
-converting it cost most of the first step's tracing time.
+converting it cost most of the first step's tracing time. The task's own
+hooks are converted (`task_function`, config.autograph), as a tf.function
+would convert them.
 """
 
 from collections.abc import Callable, Mapping
 import contextlib
+import inspect
+import types
 from typing import Any
 
 import tensorflow as tf
@@ -30,7 +34,7 @@ class StepRunner:
                task: task_lib.Task, train_input, state: state_lib.TrainState,
                global_batch_size: int, seed: int, steps_per_epoch: int,
                jit_compile: str = 'off', all_reduce_dtype: str = 'float32',
-               summary_steps: int = 0):
+               summary_steps: int = 0, autograph: bool = True):
     """Args as named.
 
     Args:
@@ -38,6 +42,7 @@ class StepRunner:
       jit_compile: what XLA compiles ('off', 'step', 'loop'), as
         ctl.training.xla.resolve decided.
       summary_steps: steps between the tf.summary records of a task's step.
+      autograph: convert the task's Python control flow (config.autograph).
     """
     self._strategy = strategy
     self._task = task
@@ -48,6 +53,7 @@ class StepRunner:
     self._steps_per_epoch = steps_per_epoch
     self._all_reduce_dtype = all_reduce_dtype
     self._summary_steps = summary_steps
+    self._autograph = autograph
     self._local_replicas = distribution.local_replicas(strategy)
     # XLA compiles one program per input shape: a step takes the loop's
     # indices and its number, a loop its indices padded to steps_per_loop.
@@ -79,8 +85,8 @@ class StepRunner:
         entry > 0 means some worker asked for it, and every worker gets the
         same answer after the same step.
     """
-    loop_value = self._input.loop_value(iterator, num_steps)
-    sums = self._run_steps(loop_value, num_steps)
+    loop_data = self._input.loop_data(iterator, num_steps)
+    sums = self._run_steps(loop_data, num_steps)
     self._state.advance(num_steps, self._steps_per_epoch)
     # One all-reduce for both, in one dtype (a collective takes one): each
     # worker's local sums, spread over its replicas so that the sum over
@@ -97,11 +103,12 @@ class StepRunner:
     examples = by_name.pop(EXAMPLES)
     logs = {name: value / examples for name, value in by_name.items()}
     loop_logs = {name: tf.cast(value, tf.float32)
-                 for name, value in self._task.loop_logs().items()}
+                 for name, value in
+                 task_function(self._task.loop_logs, self._autograph)().items()}
     return {'logs': logs, 'loop_logs': loop_logs,
             'requests': tf.cast(tf.round(totals[len(names):]), tf.int32)}
 
-  def _loop_steps(self, loop_value, num_steps: tf.Tensor) -> dict:
+  def _loop_steps(self, loop_data, num_steps: tf.Tensor) -> dict:
     """The first num_steps steps; this worker's example-weighted log sums.
 
     The step is traced once, as a function the graph loop's body calls:
@@ -112,31 +119,25 @@ class StepRunner:
     first_step = self._state.step.read_value()
     zero = tf.constant(0)
     run_step = tf.function(self._run_step, autograph=False).get_concrete_function(
-        loop_value, zero, first_step)
+        loop_data, zero, first_step)
     sums = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
                                  run_step.structured_outputs)
 
     def body(i, sums):
-      logs = run_step(loop_value, i, first_step)
+      logs = run_step(loop_data, i, first_step)
       return i + 1, {name: sums[name] + logs[name] for name in sums}
 
     _, sums = tf.while_loop(lambda i, _: i < num_steps, body, [zero, sums])
     return sums
 
-  def _run_step(self, loop_value, step_in_loop, first_step) -> dict:
+  def _run_step(self, loop_data, step_in_loop, first_step) -> dict:
     """One step on every replica; this worker's weighted log sums."""
-    value = self._input.step_value(loop_value, step_in_loop)
+    batches = self._input.batches(loop_data, step_in_loop)
     step = first_step + tf.cast(step_in_loop, tf.int64)
     with self._summaries_due(step):
-      outputs = self._strategy.run(self._train_replica,
-                                   args=(value, step_in_loop, step))
+      outputs = self._strategy.run(self._step_on_batch, args=(batches, step))
     return {name: tf.add_n(self._strategy.experimental_local_results(value))
             for name, value in outputs.items()}
-
-  def _train_replica(self, value, step_in_loop, step) -> dict[str, tf.Tensor]:
-    """The task's train_step on this replica's batch; its logs."""
-    batch = self._input.replica_batch(value, step_in_loop)
-    return self._step_on_batch(batch, step)
 
   def _train_on_batch(self, batch, step) -> dict[str, tf.Tensor]:
     ctx = task_lib.StepContext(
@@ -144,7 +145,8 @@ class StepRunner:
         training=True, all_reduce_dtype=self._all_reduce_dtype)
     # Out of the graph loop's name scope: a task's tf.summary('x') is 'x'.
     with tf.compat.v1.name_scope(None):
-      logs = call_step(self._task.train_step, batch, ctx, 'train_step')
+      logs = call_step(task_function(self._task.train_step, self._autograph),
+                       batch, ctx, 'train_step')
     # Every replica's training batch has the same size: a plain mean.
     return weighted_logs(logs, None, 'train_step')
 
@@ -170,15 +172,32 @@ class StepRunner:
       tf.summary.experimental.set_step(None)
 
 
+def task_function(function: Callable, autograph: bool) -> Callable:
+  """A task's hook as ctl's (AutoGraph-less) tf.functions call it: with its
+  Python control flow on tensors converted by AutoGraph, when asked."""
+  if not autograph:
+    return function
+  if inspect.ismethod(function):  # to_graph converts the unbound function.
+    return types.MethodType(tf.autograph.to_graph(function.__func__),
+                            function.__self__)
+  return tf.autograph.to_graph(function)
+
+
 def call_step(step: Callable, batch: Any, ctx, hook: str):
   """Calls a task's step; an error from a batch it cannot take is explained.
 
   Raises:
     CtlError: when the step fails on the batch's structure (TypeError,
       ValueError, KeyError, IndexError while tracing), naming the structure.
+      Or Python control flow on a tensor without AutoGraph.
   """
   try:
     return step(batch, ctx)
+  except tf.errors.OperatorNotAllowedInGraphError as error:
+    raise errors.CtlError(
+        f'The task\'s {hook} uses a tensor as a Python bool ({error}), and '
+        'config.autograph=False traces it as written: set '
+        'config.autograph=True, or use tf.cond.') from error
   except (TypeError, ValueError, KeyError, IndexError) as error:
     raise errors.CtlError(
         f'The task\'s {hook} failed on a batch of structure '

@@ -119,8 +119,8 @@ class Trainer:
         self._stopped = loop_lib.Stopped(int(self.state.step.numpy()),
                                          stopped)
     elif self.config.init_from:
-      checkpoint_contents.warm_start(checkpoint_contents.models_by_name(self.task),
-                               self.config.init_from)
+      checkpoint_contents.warm_start(self.task, self.config.init_from,
+                                     self.config.init_select)
     if self.task_info.num_workers > 1:
       state_lib.check_workers_agree(self.strategy, self.state)
     step = int(self.state.step.numpy())
@@ -155,7 +155,8 @@ class Trainer:
         seed=self.config.seed, steps_per_epoch=self.length.steps_per_epoch,
         jit_compile=self.jit_compile,
         all_reduce_dtype=self.config.distribution.all_reduce_dtype,
-        summary_steps=self.config.intervals.summary_steps)
+        summary_steps=self.config.intervals.summary_steps,
+        autograph=self.config.autograph)
     reporter = loop_lib.Reporter(
         length=self.length,
         metrics=metric_reading.MetricReader(self.task.train_metrics),
@@ -283,7 +284,7 @@ class _Evaluation:
     self._evaluator = evaluation.Evaluator(
         strategy=trainer.strategy, task=trainer.task, context=trainer.context,
         eval_batch_size=trainer.length.eval_batch_size,
-        seed=trainer.config.seed,
+        seed=trainer.config.seed, autograph=trainer.config.autograph,
         make_writer=lambda name: summaries.make_writer(
             os.path.join(workdir_lib.summary_dir(trainer.workdir, 'eval'),
                          name), trainer.task_info.is_chief))

@@ -2,6 +2,7 @@
 changes nothing, a moved-away latest, warm start, each worker's data
 position."""
 
+import types
 import keras
 import numpy as np
 import pytest
@@ -63,12 +64,12 @@ def test_warm_start_reads_models_by_attribute_name(tmp_path):
   source.model = _model()
   source.model.weights[0].assign(tf.fill([3, 2], 7.0))
   tf.train.Checkpoint(task=source).write(str(tmp_path / 'ckpt-5'))
-  target = _model()
-  checkpoint_contents.warm_start({'model': target}, str(tmp_path / 'ckpt-5'))
-  np.testing.assert_array_equal(target.weights[0].numpy(), 7.0)
+  target = types.SimpleNamespace(model=_model())
+  checkpoint_contents.warm_start(target, str(tmp_path / 'ckpt-5'))
+  np.testing.assert_array_equal(target.model.weights[0].numpy(), 7.0)
   with pytest.raises(errors.CtlError, match='Cannot warm-start'):
-    checkpoint_contents.warm_start({'model': _model(width=4)},
-                             str(tmp_path / 'ckpt-5'))
+    checkpoint_contents.warm_start(
+        types.SimpleNamespace(model=_model(width=4)), str(tmp_path / 'ckpt-5'))
 
 
 def test_data_positions_resume_the_next_batches(tmp_path):

@@ -167,7 +167,7 @@ def test_without_tensorflow_datasets_the_message_says_what_to_install(
 
 
 def test_ctl_imports_tensorflow_datasets_only_to_read_tfds():
-  code = ('import sys; import ctl.main, ctl.tasks, ctl.training.run; '
+  code = ('import sys; import ctl.main, ctl.builtin_tasks, ctl.training.run; '
           "print('tensorflow_datasets' in sys.modules)")
   done = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO,
                         env=helpers.env_with(), capture_output=True,

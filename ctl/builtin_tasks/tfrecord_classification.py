@@ -30,7 +30,7 @@ from ctl.data import datasets
 from ctl.data import tfrecord
 from ctl.data import tfrecord_files
 from ctl.data import write_tfrecords
-from ctl.tasks import classification
+from ctl.builtin_tasks import classification
 
 
 @dataclasses.dataclass(frozen=True)

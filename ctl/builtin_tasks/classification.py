@@ -7,14 +7,14 @@ Its steps are the tutorials' step_fn; its data is held in memory and
 gathered inside the step, ctl's fastest input path.
 """
 
-import keras
 import tensorflow as tf
 
 from ctl import task as task_lib
 from ctl.data import datasets
-from ctl.tasks import losses
-from ctl.tasks import models
-from ctl.tasks import optimizers
+from ctl.builtin_tasks import losses
+from ctl.builtin_tasks import metrics
+from ctl.builtin_tasks import models
+from ctl.builtin_tasks import optimizers
 
 
 class Classification(task_lib.Task):
@@ -33,8 +33,8 @@ class Classification(task_lib.Task):
     # Builds the optimizer's slots now: lazily built slots fail with several
     # replicas, and a restore must find them to match the checkpoint.
     self.optimizer.build(self.model.trainable_variables)
-    self.train_metrics = [losses.build_metric(name) for name in config.metrics]
-    self.eval_metrics = [losses.build_metric(name) for name in config.metrics]
+    self.train_metrics = [metrics.build_metric(name) for name in config.metrics]
+    self.eval_metrics = [metrics.build_metric(name) for name in config.metrics]
 
   def train_data(self, context: tf.distribute.InputContext) -> task_lib.InMemory:
     del context  # ctl shards in-memory data itself.

@@ -1,4 +1,4 @@
-"""Losses and metrics of the classification task, chosen by name."""
+"""Losses of the classification task, chosen by name (config.loss)."""
 
 from collections.abc import Callable
 
@@ -25,16 +25,3 @@ def sparse_categorical_crossentropy(labels, logits):
 
 
 _LOSSES = {'sparse_categorical_crossentropy': sparse_categorical_crossentropy}
-
-
-def build_metric(name: str) -> keras.metrics.Metric:
-  """A new Keras metric(labels, logits): built in, or a user's
-  `package.module:function` returning one."""
-  return registry.resolve(name, _METRICS, 'metric')()
-
-
-_METRICS = {
-    'accuracy': lambda: keras.metrics.SparseCategoricalAccuracy('accuracy'),
-    'top5_accuracy': lambda: keras.metrics.SparseTopKCategoricalAccuracy(
-        k=5, name='top5_accuracy'),
-}

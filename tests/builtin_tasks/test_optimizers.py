@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ctl import config as config_lib
-from ctl.tasks import optimizers
+from ctl.builtin_tasks import optimizers
 
 
 def _schedule(total_steps=100, **fields):

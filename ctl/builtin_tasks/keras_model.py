@@ -8,12 +8,11 @@ it. Its metrics (`model.metrics`: the loss and the compiled metrics) are
 read and reset at every report and before every evaluation.
 """
 
-import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
-from ctl.tasks import classification
-from ctl.tasks import models
+from ctl.builtin_tasks import classification
+from ctl.builtin_tasks import models
 
 
 class KerasModelTask(classification.Classification):

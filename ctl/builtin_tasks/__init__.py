@@ -3,10 +3,10 @@
 from ctl import errors
 from ctl import registry
 from ctl import task as task_lib
-from ctl.tasks import classification
-from ctl.tasks import keras_model
-from ctl.tasks import tfds_classification
-from ctl.tasks import tfrecord_classification
+from ctl.builtin_tasks import classification
+from ctl.builtin_tasks import keras_model
+from ctl.builtin_tasks import tfds_classification
+from ctl.builtin_tasks import tfrecord_classification
 
 _BUILT_IN = {
     'classification': classification.Classification,

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl.data import tfds as tfds_data
-from ctl.tasks import tfrecord_classification
+from ctl.builtin_tasks import tfrecord_classification
 
 
 class TFDSClassification(tfrecord_classification.TFRecordClassification):

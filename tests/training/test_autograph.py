@@ -1,0 +1,59 @@
+"""A task's steps with Python control flow on tensors (AutoGraph) train
+alike on 1 replica, 2 replicas in one process and 2 workers."""
+
+import csv
+import sys
+
+import pytest
+
+import helpers
+
+NOISY = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
+ARGS = (f'--config={NOISY}:PythonControlFlow', '--config.deterministic=True',
+        '--config.num_epochs=1', '--config.log_csv=True',
+        '--config.intervals.log_steps=1')
+
+
+def _logged(workdir, name: str) -> dict[int, float]:
+  with open(workdir / 'metrics.csv', newline='') as file:
+    return {int(row['step']): float(row['value'])
+            for row in csv.DictReader(file) if row['name'] == f'train/{name}'}
+
+
+def _check_flow(workdir, steps: int) -> None:
+  # 3 (for) + 2 (while) + 1 while frozen (if), at every logged step.
+  assert _logged(workdir, 'flow') == {
+      step: 6.0 if step <= 4 else 5.0 for step in range(1, steps + 1)}
+  # Frozen for steps 1..4: steps 1..5 start from the same weights.
+  kernel = _logged(workdir, 'kernel')
+  assert len({kernel[step] for step in range(1, 6)}) == 1, kernel
+  assert kernel[6] != kernel[5]
+
+
+@pytest.mark.slow
+def test_python_control_flow_on_one_and_two_replicas_and_two_workers(
+    tmp_path):
+  one = helpers.run_ctl(*ARGS, f'--workdir={tmp_path / "one"}')
+  assert one.returncode == 0, one.stderr[-3000:]
+  _check_flow(tmp_path / 'one', 16)
+
+  two = helpers.Watched([
+      sys.executable, str(helpers.REPO / 'tests' / 'split_cpu.py'), '2',
+      *ARGS, '--config.distribution.strategy=mirrored',
+      f'--workdir={tmp_path / "replicas"}'])
+  assert two.wait() == 0, two.output[-3000:]
+  assert '2 replica(s) in sync' in two.output
+  _check_flow(tmp_path / 'replicas', 16)
+
+  codes = helpers.run_workers([*ARGS, f'--workdir={tmp_path / "workers"}'],
+                              helpers.cluster_envs(2), tmp_path)
+  assert codes == [0, 0], (tmp_path / 'worker1.log').read_text()[-3000:]
+  _check_flow(tmp_path / 'workers', 16)
+
+
+def test_without_autograph_python_control_flow_is_a_clear_error(tmp_path):
+  run = helpers.run_ctl(*ARGS, '--config.autograph=False',
+                        f'--workdir={tmp_path}')
+  assert run.returncode == 1
+  assert run.stderr.count('ctl: error: ') == 1
+  assert 'config.autograph' in run.stderr
