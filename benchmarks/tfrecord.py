@@ -35,7 +35,7 @@ from benchmarks import workloads
 from benchmarks.timeslice import Progress
 from ctl import config as config_lib
 from ctl import task as task_lib
-from ctl import tasks
+from ctl import builtin_tasks
 from ctl.checkpoints import data_positions
 from ctl.data import datasets
 from ctl.data import inputs
@@ -86,7 +86,7 @@ def ctl_progress(directory: str, **overrides) -> Callable[[], Progress]:
 def _task_and_data(directory: str) -> tuple[task_lib.Task, tf.data.Dataset]:
   """The task, built, and its training pipeline for one worker."""
   config = ctl_config(directory)
-  task = tasks.resolve(config.task)(config)
+  task = builtin_tasks.resolve(config.task)(config)
   task.total_steps = config.total_steps
   dataset = task.train_data(tf.distribute.InputContext())
   task.build()

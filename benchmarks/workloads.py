@@ -2,7 +2,7 @@
 compared with.
 
 ctl trains each workload as its built-in classification task
-(ctl/tasks/classification.py) through `ctl.training.run`; every other
+(ctl/builtin_tasks/classification.py) through `ctl.training.run`; every other
 contender trains the same model, optimizer and data, as that task builds
 them. Each `*_speed` function builds its contender once and returns a
 function that trains a further stretch of steps and returns steps per
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from ctl import config as config_lib
 from ctl import task as task_lib
-from ctl import tasks
+from ctl import builtin_tasks
 from ctl.data import datasets
 from ctl.training import xla
 
@@ -37,7 +37,7 @@ class Workload:
   name: str
   description: str
   data: str  # A dataset function of this module.
-  model: str  # A ctl.tasks.models builder.
+  model: str  # A ctl.builtin_tasks.models builder.
   optimizer: str
   batch_size: int
   measure_steps: int  # Steps per measurement of the hand-written loops.
@@ -188,7 +188,7 @@ def build_task(workload: Workload) -> task_lib.Task:
   """The workload's classification task, built as ctl's trainer builds it
   (call inside the strategy's scope, if any)."""
   config = ctl_config(workload)
-  task = tasks.resolve(config.task)(config)
+  task = builtin_tasks.resolve(config.task)(config)
   task.total_steps = config.total_steps
   task.build()
   return task
