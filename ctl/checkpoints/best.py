@@ -21,17 +21,9 @@ from absl import logging
 from ctl import errors
 from ctl.runtime import workdir as workdir_lib
 
-BEST_DIR = 'best'
-BEST_JSON = 'best.json'
-
-
-def best_dir(workdir: str) -> str:
-  return os.path.join(workdir, BEST_DIR)
-
-
 def read(workdir: str) -> dict | None:
   """best.json's content, or None when no best was kept yet."""
-  return workdir_lib.read_json(os.path.join(best_dir(workdir), BEST_JSON))
+  return workdir_lib.read_json(workdir_lib.best_record_path(workdir))
 
 
 def flat_metrics(results: Mapping) -> dict[str, float]:
@@ -60,7 +52,8 @@ class BestCheckpoint:
     alike, as each takes part in the save)."""
     self._reread = reread
     self._workdir = workdir
-    self._directory = best_dir(workdir)
+    self._directory = workdir_lib.best_dir(workdir)
+    self._record = workdir_lib.best_record_path(workdir)
     self._is_chief = is_chief
     self._metric = metric
     self._mode = mode
@@ -133,7 +126,7 @@ class BestCheckpoint:
     if wait is not None:
       wait()
     name = f'ckpt-{step}'
-    workdir_lib.write_json(os.path.join(self._directory, BEST_JSON), {
+    workdir_lib.write_json(self._record, {
         'step': step, 'checkpoint': name, 'metric': self._metric,
         'mode': self._mode, 'value': value, 'eval': metrics})
     # Older bests, and what a kill left of any write (TensorFlow writes a
@@ -142,7 +135,7 @@ class BestCheckpoint:
       if file.startswith('ckpt-') and not file.startswith(f'{name}.'):
         _remove(os.path.join(self._directory, file))
     logging.info('Best checkpoint of step %d written: %s', step,
-                 os.path.join(self._directory, BEST_JSON))
+                 self._record)
 
   def _value_of(self, results: Mapping) -> float:
     return metric_value(results, self._metric, 'evaluation.best_metric',

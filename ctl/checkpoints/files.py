@@ -74,7 +74,7 @@ def find(workdir: str, which: str = 'best') -> tuple[str, str]:
   if which == 'best':
     kept = best_lib.read(workdir)
     if kept is not None:
-      return os.path.join(best_lib.best_dir(workdir), kept['checkpoint']), 'best'
+      return os.path.join(workdir_lib.best_dir(workdir), kept['checkpoint']), 'best'
   latest = tf.train.latest_checkpoint(workdir_lib.checkpoint_dir(workdir))
   if latest is None:
     raise errors.CtlError(

@@ -8,6 +8,10 @@
     workdir/results.json       final metrics, written when training finishes
     workdir/best/              the best checkpoint and best.json (checkpoints/best.py)
     workdir/export/            SavedModel and .keras files (serving/export.py)
+    workdir/metrics.csv        every logged value (config.log_csv)
+    workdir/mlflow.json        the MLflow run it logs to (config.mlflow)
+
+Each path is defined here, once.
 """
 
 import errno
@@ -26,6 +30,7 @@ from ctl import errors
 
 CONFIG_FILE = 'config.json'
 RESULTS_FILE = 'results.json'
+EXPORT_DIR = 'export'
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -47,6 +52,20 @@ def results_path(workdir: str) -> str:
 def eval_results_path(workdir: str) -> str:
   """The side-car evaluator's latest results (workdir/eval/results.json)."""
   return os.path.join(summary_dir(workdir, 'eval'), RESULTS_FILE)
+
+
+def best_dir(workdir: str) -> str:
+  """The best checkpoint, and best.json naming it (checkpoints/best.py)."""
+  return os.path.join(workdir, 'best')
+
+
+def best_record_path(workdir: str) -> str:
+  return os.path.join(best_dir(workdir), 'best.json')
+
+
+def export_dir(workdir: str) -> str:
+  """The export: SavedModel and .keras files (serving/export.py)."""
+  return os.path.join(workdir, EXPORT_DIR)
 
 
 def metrics_csv_path(workdir: str) -> str:

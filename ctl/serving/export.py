@@ -34,19 +34,14 @@ from ctl.checkpoints import files as checkpoint_files
 from ctl.runtime import workdir as workdir_lib
 from ctl.serving import load as load_lib
 
-EXPORT_DIR = 'export'
 SAVED_MODEL = 'saved_model'
 EXPORT_JSON = 'export.json'
-
-
-def export_dir(workdir: str) -> str:
-  return os.path.join(workdir, EXPORT_DIR)
 
 
 def is_whole(workdir: str) -> bool:
   """Whether workdir holds a whole export (its export.json is written
   last, in the staging folder, before the folder is renamed into place)."""
-  return os.path.exists(os.path.join(export_dir(workdir), EXPORT_JSON))
+  return os.path.exists(os.path.join(workdir_lib.export_dir(workdir), EXPORT_JSON))
 
 
 def _temporary(name: str, pid: int | None = None) -> str:
@@ -59,7 +54,7 @@ def _remove_leftovers(workdir: str) -> None:
   """Removes the temporary folders of exports that were cut short: those
   of processes of this host that are gone (another host's, or a live
   process's, may still be in use)."""
-  for name in ('.export', f'{EXPORT_DIR}.old'):
+  for name in ('.export', f'{workdir_lib.EXPORT_DIR}.old'):
     for path in glob.glob(os.path.join(glob.escape(workdir), f'{name}-*')):
       try:
         pid = int(os.path.basename(path)[len(name) + 1:].split('-')[0])
@@ -86,7 +81,7 @@ def export_run(config: ml_collections.ConfigDict, workdir: str, *,
     CtlError: no checkpoint, one that does not fit, or a task whose
       serving signature cannot be saved.
   """
-  final = export_dir(workdir)
+  final = workdir_lib.export_dir(workdir)
   parent = workdir if is_chief else tempfile.gettempdir()
   if is_chief:
     _remove_leftovers(workdir)
@@ -174,7 +169,7 @@ def _replace(staging: str, final: str, attempts: int = 3) -> None:
   """
   for attempt in range(attempts):
     old = os.path.join(os.path.dirname(final),
-                       _temporary(f'{EXPORT_DIR}.old') + 'replaced')
+                       _temporary(f'{workdir_lib.EXPORT_DIR}.old') + 'replaced')
     try:
       if os.path.exists(final):
         os.replace(final, old)
