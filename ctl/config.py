@@ -49,6 +49,13 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Examples per training step across all replicas and workers.
   config.batch_size = 64
+  # Gradient accumulation: each replica's batch is split into this many
+  # micro-batches, run one after another (the memory of one micro-batch),
+  # and their gradients are summed into one update: one optimizer step per
+  # training step, the gradients all-reduced once. batch_size stays the
+  # examples per update; it must divide by replicas x accumulate_steps.
+  # Built-in tasks use it; a task's own step calls ctx.accumulate.
+  config.accumulate_steps = 1
   # Examples per evaluation step across all replicas; 0 means batch_size.
   config.eval_batch_size = 0
   config.num_epochs = 20
@@ -252,7 +259,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'jit_compile', JIT_COMPILES)
   _check_choice(config, 'evaluation.best_mode', BEST_MODES)
   _check_choice(config, 'early_stopping.mode', BEST_MODES)
-  for key in ('batch_size', 'steps_per_loop', 'intervals.keep_checkpoints',
+  for key in ('batch_size', 'accumulate_steps', 'steps_per_loop',
+              'intervals.keep_checkpoints',
               'early_stopping.patience', 'rollback.window'):
     _check(config, key, lambda value: value >= 1, 'must be at least 1')
   for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',

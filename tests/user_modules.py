@@ -214,6 +214,17 @@ def counting_model(config, *, input_shape, num_classes):
   return model
 
 
+def keras_accumulating_model(config, *, input_shape, num_classes):
+  """counting_model whose optimizer accumulates gradients itself (Keras's
+  gradient_accumulation_steps), which ctl refuses on several replicas."""
+  model = counting_model(config, input_shape=input_shape,
+                         num_classes=num_classes)
+  model.compile(optimizer=keras.optimizers.SGD(
+      0.1, gradient_accumulation_steps=2),
+                loss=model.loss, metrics=['accuracy'])
+  return model
+
+
 def three_arguments(labels, logits, weights):
   """A loss that wants a third argument: the step cannot call it."""
   return labels * logits * weights

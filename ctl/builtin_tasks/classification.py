@@ -7,6 +7,7 @@ Its steps are the tutorials' step_fn; its data is held in memory and
 gathered inside the step, ctl's fastest input path.
 """
 
+import keras
 import tensorflow as tf
 
 from ctl import task as task_lib
@@ -49,28 +50,35 @@ class Classification(task_lib.Task):
                              preprocess=self._scale)
 
   def train_step(self, batch, ctx: task_lib.StepContext) -> dict:
-    features, labels = batch
     variables = self.model.trainable_variables
-    with tf.GradientTape() as tape:
-      # Float32 logits: under mixed precision the model computes in 16 bits.
-      logits = tf.cast(self.model(features, training=True), tf.float32)
-      per_example_loss = self._loss(labels, logits)
-      loss = tf.nn.compute_average_loss(
-          per_example_loss, global_batch_size=ctx.global_batch_size)
-      regularization = (tf.add_n(self.model.losses) if self.model.losses
-                        else tf.constant(0.0))
-      loss += tf.nn.scale_regularization_loss(regularization)
-      scaled_loss = self.optimizer.scale_loss(loss)
-    gradients = tape.gradient(scaled_loss, variables)
-    if self.config.distribution.all_reduce_dtype == 'float32':
+
+    def compute(micro_batch):  # The whole batch, or a part of it.
+      features, labels = micro_batch
+      with tf.GradientTape() as tape:
+        # Float32 logits: under mixed precision the model computes in 16 bits.
+        logits = tf.cast(self.model(features, training=True), tf.float32)
+        per_example_loss = self._loss(labels, logits)
+        loss = tf.nn.compute_average_loss(
+            per_example_loss, global_batch_size=ctx.global_batch_size)
+        regularization = (tf.add_n(self.model.losses) if self.model.losses
+                          else tf.constant(0.0))
+        # Once per update, however many micro-batches make it.
+        loss += tf.nn.scale_regularization_loss(
+            regularization) / ctx.accumulate_steps
+        scaled_loss = self.optimizer.scale_loss(loss)
+      for metric in self.train_metrics:
+        metric.update_state(labels, logits)
+      return (tape.gradient(scaled_loss, variables),
+              {'loss': tf.reduce_mean(per_example_loss) + regularization})
+
+    gradients, logs = ctx.accumulate(compute, batch)
+    if (self.config.distribution.all_reduce_dtype == 'float32' and
+        not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)):
       # Keras 3 optimizers sum gradients over the replicas themselves.
       self.optimizer.apply_gradients(zip(gradients, variables))
-    else:  # Sent in 16 bits, then applied as summed.
-      ctx.apply_reduced_gradients(
-          self.optimizer, zip(ctx.all_reduce_sum(gradients), variables))
-    for metric in self.train_metrics:
-      metric.update_state(labels, logits)
-    return {'loss': tf.reduce_mean(per_example_loss) + regularization}
+    else:  # Summed first: in 16 bits, or before the loss scale's check.
+      ctx.apply_gradients(self.optimizer, zip(gradients, variables))
+    return logs
 
   def loop_logs(self) -> dict[str, tf.Tensor]:
     # Once per loop, not in every step: a schedule costs ops.

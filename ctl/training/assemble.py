@@ -84,6 +84,8 @@ def assemble(config: ml_collections.ConfigDict,
     task.build()
     state = state_lib.TrainState()
   task_lib.check_nothing_shadowed(task, config)
+  if strategy.num_replicas_in_sync > 1:
+    task_lib.check_no_keras_accumulation(task)
   return Assembled(task, state, length, context, train_data,
                    actions_lib.ActionStates(), strategy)
 

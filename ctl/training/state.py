@@ -76,15 +76,20 @@ class TrainingLength:
 
 def check_batch_sizes(config: ml_collections.ConfigDict,
                       num_replicas: int) -> None:
-  """Raises ConfigError if a batch does not divide across the replicas."""
-  for key, batch_size in (('batch_size', config.batch_size),
-                          ('eval_batch_size',
-                           config.eval_batch_size or config.batch_size)):
-    if batch_size % num_replicas:
+  """Raises ConfigError if a batch does not divide across the replicas (a
+  training batch: into accumulate_steps micro-batches on each)."""
+  accumulate = config.get('accumulate_steps', 1)
+  for key, batch_size, parts in (
+      ('batch_size', config.batch_size, num_replicas * accumulate),
+      ('eval_batch_size', config.eval_batch_size or config.batch_size,
+       num_replicas)):
+    if batch_size % parts:
+      into = (f'{num_replicas} replica(s) x config.accumulate_steps='
+              f'{accumulate} micro-batches' if parts != num_replicas else
+              f'{num_replicas} replicas of this job')
       raise errors.ConfigError(
-          f'config.{key}={batch_size} does not divide across the '
-          f'{num_replicas} replicas of this job: use a multiple of '
-          f'{num_replicas}.')
+          f'config.{key}={batch_size} does not divide across the {into}: '
+          f'use a multiple of {parts}.')
 
 
 def training_length(config: ml_collections.ConfigDict,

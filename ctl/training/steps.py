@@ -36,7 +36,8 @@ class StepRunner:
                task: task_lib.Task, train_input, state: state_lib.TrainState,
                global_batch_size: int, seed: int, steps_per_epoch: int,
                jit_compile: str = 'off', all_reduce_dtype: str = 'float32',
-               summary_steps: int = 0, autograph: bool = True):
+               summary_steps: int = 0, autograph: bool = True,
+               accumulate_steps: int = 1):
     """Args as named.
 
     Args:
@@ -45,6 +46,7 @@ class StepRunner:
         ctl.training.xla.resolve decided.
       summary_steps: steps between the tf.summary records of a task's step.
       autograph: convert the task's Python control flow (config.autograph).
+      accumulate_steps: micro-batches per update, for ctx.accumulate.
     """
     self._strategy = strategy
     self._task = task
@@ -56,6 +58,7 @@ class StepRunner:
     self._all_reduce_dtype = all_reduce_dtype
     self._summary_steps = summary_steps
     self._autograph = autograph
+    self._accumulate_steps = accumulate_steps
     self._local_replicas = distribution.local_replicas(strategy)
     # XLA compiles one program per input shape: a step takes the loop's
     # indices and its number, a loop its indices padded to steps_per_loop.
@@ -144,11 +147,18 @@ class StepRunner:
   def _train_on_batch(self, batch, step) -> dict[str, tf.Tensor]:
     ctx = task_lib.StepContext(
         global_batch_size=self._global_batch_size, step=step, seed=self._seed,
-        training=True, all_reduce_dtype=self._all_reduce_dtype)
+        training=True, all_reduce_dtype=self._all_reduce_dtype,
+        accumulate_steps=self._accumulate_steps)
     # Out of the graph loop's name scope: a task's tf.summary('x') is 'x'.
     with tf.compat.v1.name_scope(None):
       logs = call_step(task_function(self._task.train_step, self._autograph),
                        batch, ctx, 'train_step')
+    if self._accumulate_steps > 1 and not ctx.accumulated:
+      raise errors.CtlError(
+          f'config.accumulate_steps={self._accumulate_steps}, but the task\'s '
+          'train_step does not call ctx.accumulate, so it would train on '
+          'whole batches: call it (see ctl.task.StepContext.accumulate), or '
+          'set config.accumulate_steps=1.')
     # Every replica's training batch has the same size: a plain mean.
     return weighted_logs(logs, None, 'train_step')
 

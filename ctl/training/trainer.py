@@ -156,7 +156,8 @@ class Trainer:
         jit_compile=self.jit_compile,
         all_reduce_dtype=self.config.distribution.all_reduce_dtype,
         summary_steps=self.config.intervals.summary_steps,
-        autograph=self.config.autograph)
+        autograph=self.config.autograph,
+        accumulate_steps=self.config.accumulate_steps)
     reporter = loop_lib.Reporter(
         length=self.length,
         metrics=metric_reading.MetricReader(self.task.train_metrics),

@@ -19,7 +19,7 @@ import pytest
 from ctl import errors
 import helpers
 
-EXAMPLES = ('regression', 'clip_ema', 'gan', 'text')
+EXAMPLES = ('regression', 'clip_ema', 'gan', 'text', 'mixed_precision')
 
 
 def _train(name: str, workdir: pathlib.Path) -> dict:
