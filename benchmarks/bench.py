@@ -24,8 +24,10 @@ that file's generated section.
 speed option against its default.
 """
 
+import contextlib
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -357,31 +359,65 @@ def _tfrecord() -> tuple[str, list[Target]]:
 
 
 def _checkpoints() -> tuple[str, list[Target]]:
-  """What a save costs training, async and not, on both models."""
+  """What a save costs training, async and not, on both models, to local
+  disk and to gs:// (a GCS API server on localhost, tests/gcs_server.py,
+  when the test extra is installed)."""
   from benchmarks import workloads as bw  # pylint: disable=g-import-not-at-top
   from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
   lines = ['### Checkpoint saves', '',
-           '| model | save | training thread blocked, median | background '
-           'write, median |', '| --- | --- | --- | --- |']
+           '| model | to | save | training thread blocked, median | '
+           'background write, median |', '| --- | --- | --- | --- | --- |']
   worst_share = 0.0
   default_interval = config_lib.base_config().intervals.checkpoint_secs
-  for name, workload in bw.WORKLOADS.items():
-    for async_save in (False, True):
-      blocked, written = _save_times(workload, async_save)
-      lines.append(f'| {name} | {"async" if async_save else "sync"} | '
-                   f'{blocked * 1000:.1f} ms | {written * 1000:.1f} ms |')
-      if async_save:
-        # Counting the background write as lost training time too.
-        worst_share = max(worst_share, (blocked + written) / default_interval)
+  with _checkpoint_places() as places:
+    for name, workload in bw.WORKLOADS.items():
+      for place, directory in places:
+        for async_save in (False, True):
+          blocked, written = _save_times(workload, async_save,
+                                         directory(name, async_save))
+          lines.append(f'| {name} | {place} | '
+                       f'{"async" if async_save else "sync"} | '
+                       f'{blocked * 1000:.1f} ms | {written * 1000:.1f} ms |')
+          if async_save and place == 'local disk':
+            # Counting the background write as lost training time too.
+            worst_share = max(worst_share,
+                              (blocked + written) / default_interval)
   lines += ['', f'At the default interval ({default_interval:.0f} s), async '
-            f'saves cost at most {worst_share:.4%} of wall time, counting the '
-            'background write as lost training time.']
+            f'saves to local disk cost at most {worst_share:.4%} of wall time, '
+            'counting the background write as lost training time.']
   return '\n'.join(lines), [Target(
       'checkpoint saves: share of wall time at the default interval',
       100 * worst_share, 1.0, at_most=True, unit='%')]
 
 
-def _save_times(workload, async_save: bool) -> tuple[float, float]:
+@contextlib.contextmanager
+def _checkpoint_places():
+  """[(name, directory(model, async) -> path)]: a local folder, and gs://
+  through a GCS API server on localhost where the test extra has one."""
+  with tempfile.TemporaryDirectory() as root:
+    places = [('local disk',
+               lambda name, async_save: os.path.join(root, f'{name}-{async_save}'))]
+    tests = pathlib.Path(__file__).resolve().parents[1] / 'tests'
+    if importlib.util.find_spec('gcp_storage_emulator') is None:
+      print('[bench] gcp-storage-emulator is not installed: checkpoint saves '
+            'to gs:// not measured (pip install -e ".[test]").', flush=True)
+      yield places
+      return
+    sys.path.insert(0, str(tests))
+    import gcs  # pylint: disable=g-import-not-at-top
+    server = gcs.GcsServer(pathlib.Path(root) / 'gcs')
+    server.start()
+    gcs.use_in_this_process(server)
+    try:
+      places.append(('gs:// (GCS API on localhost)',
+                     lambda name, async_save: server.url(f'{name}-{async_save}')))
+      yield places
+    finally:
+      server.stop()
+
+
+def _save_times(workload, async_save: bool,
+                directory: str) -> tuple[float, float]:
   """Median seconds a save blocks training, and its write takes after."""
   # pylint: disable=g-import-not-at-top
   from benchmarks import workloads as bw
@@ -393,20 +429,19 @@ def _save_times(workload, async_save: bool) -> tuple[float, float]:
   tf_internals.apply_fixes()  # Async saves of Keras 3 variables need it.
   task = bw.build_task(workload)
   blocked, written = [], []
-  with tempfile.TemporaryDirectory() as directory:
-    checkpointer = checkpoint_manager.Checkpointer(
-        checkpoint_contents.checkpoint_of(task, state_lib.TrainState()),
-        directory,
-        is_chief=True, task_id=0, max_to_keep=2, async_save=async_save)
-    checkpointer.save(0)  # Traces.
+  checkpointer = checkpoint_manager.Checkpointer(
+      checkpoint_contents.checkpoint_of(task, state_lib.TrainState()),
+      directory,
+      is_chief=True, task_id=0, max_to_keep=2, async_save=async_save)
+  checkpointer.save(0)  # Traces.
+  checkpointer.wait()
+  for step in range(1, 4 * _REPETITIONS.value + 1):
+    start = time.perf_counter()
+    checkpointer.save(step)
+    saved = time.perf_counter()
     checkpointer.wait()
-    for step in range(1, 4 * _REPETITIONS.value + 1):
-      start = time.perf_counter()
-      checkpointer.save(step)
-      saved = time.perf_counter()
-      checkpointer.wait()
-      blocked.append(saved - start)
-      written.append(time.perf_counter() - saved)
+    blocked.append(saved - start)
+    written.append(time.perf_counter() - saved)
   return statistics.median(blocked), statistics.median(written)
 
 

@@ -9,7 +9,8 @@ Exit codes a scheduler can act on:
   42  preempted: stopped by SIGTERM after saving a checkpoint at the step it
       reached, on every worker. Restart to resume; nothing is lost.
   43  a peer worker died or stopped responding (or this worker lost the
-      cluster). Restart every worker: they resume from the latest checkpoint.
+      cluster), or the store of a gs:// workdir stopped answering. Restart
+      every worker: they resume from the latest checkpoint.
 """
 
 EXIT_FAILURE = 1
@@ -46,6 +47,12 @@ class Preempted(CtlError):
 
 class PeerFailure(CtlError):
   """A collective failed: a worker died, hung or lost the cluster."""
+
+  exit_code = EXIT_PEER_FAILED
+
+
+class StoreUnavailable(CtlError):
+  """The store of a workdir on cloud storage failed, retries included."""
 
   exit_code = EXIT_PEER_FAILED
 

@@ -63,6 +63,8 @@ def main(argv: list[str]) -> None:
   tf_process.import_tensorflow()
   # Imported here so that flag errors are reported before TensorFlow loads.
   from ctl import modes  # pylint: disable=g-import-not-at-top
+  from ctl import storage  # pylint: disable=g-import-not-at-top
+  storage.configure_remote_caches()
   try:
     modes.run(_MODE.value, _CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
   except KeyboardInterrupt:

@@ -12,3 +12,18 @@ import sys
 
 TESTS = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
+
+
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+@pytest.fixture(scope='session')
+def gcs_server(tmp_path_factory):
+  """A GCS API server on localhost (tests/gcs.py), started once per test
+  run when a test first asks for it; this process's TensorFlow reaches it."""
+  import gcs  # pylint: disable=g-import-not-at-top
+  server = gcs.GcsServer(tmp_path_factory.mktemp('gcs'))
+  server.start()
+  gcs.use_in_this_process(server)
+  yield server
+  server.stop()

@@ -10,7 +10,7 @@ PACKAGE = helpers.REPO / 'ctl'
 # Each part of ctl and its layer: a part imports only parts of lower layers.
 LAYERS = {
     'errors': 0,
-    'registry': 1, 'config': 1, 'actions': 1,
+    'registry': 1, 'config': 1, 'actions': 1, 'storage': 1,
     'config_help': 2, 'runtime': 2, 'data': 2, 'hyper': 2,
     'task': 3, 'cluster': 3,
     'checkpoints': 4,

@@ -25,12 +25,13 @@ import ml_collections
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 from ctl import task as task_lib
+from ctl.builtin_tasks import classification
 from ctl.data import datasets
 from ctl.data import tfrecord
 from ctl.data import tfrecord_files
 from ctl.data import write_tfrecords
-from ctl.builtin_tasks import classification
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +134,7 @@ class TFRecordClassification(classification.Classification):
       return self._prepared
     settings = self.config.data.tfrecord
     directory = os.path.expanduser(settings.dir)
-    if not os.path.exists(directory):
+    if not storage.exists(directory):
       if not settings.prepare:
         raise errors.CtlError(
             f'The data directory {directory} (config.data.tfrecord.dir) does '
@@ -149,7 +150,7 @@ class TFRecordClassification(classification.Classification):
       if not written:
         logging.info('Another worker wrote %s first; reading its copy.',
                       directory)
-    elif not os.path.isfile(os.path.join(directory,
+    elif not storage.exists(os.path.join(directory,
                                          write_tfrecords.METADATA)):
       raise errors.CtlError(
           f'{directory} (config.data.tfrecord.dir) exists but has no '

@@ -14,16 +14,16 @@ side-car evaluator reads best.json to know the value to beat.
 from collections.abc import Callable, Mapping
 import math
 import os
-import shutil
 
 from absl import logging
 
 from ctl import errors
+from ctl import storage
 from ctl.runtime import workdir as workdir_lib
 
 def read(workdir: str) -> dict | None:
   """best.json's content, or None when no best was kept yet."""
-  return workdir_lib.read_json(workdir_lib.best_record_path(workdir))
+  return storage.read_json(workdir_lib.best_record_path(workdir))
 
 
 def flat_metrics(results: Mapping) -> dict[str, float]:
@@ -111,7 +111,7 @@ class BestCheckpoint:
     # written in the background, and best.json names them once whole.
     logging.info('New best %s %s at step %d: keeping it in %s', self._metric,
                  value, step, self._directory)
-    os.makedirs(self._directory, exist_ok=True)
+    storage.makedirs(self._directory)
     write(os.path.join(self._directory, f'ckpt-{step}'))
     self._pending = (step, value, flat_metrics(results), wait)
     if wait is None:
@@ -126,14 +126,14 @@ class BestCheckpoint:
     if wait is not None:
       wait()
     name = f'ckpt-{step}'
-    workdir_lib.write_json(self._record, {
+    storage.write_json(self._record, {
         'step': step, 'checkpoint': name, 'metric': self._metric,
         'mode': self._mode, 'value': value, 'eval': metrics})
     # Older bests, and what a kill left of any write (TensorFlow writes a
     # checkpoint's parts into a ckpt-<step>_temp folder first).
-    for file in os.listdir(self._directory):
+    for file in storage.listdir(self._directory):
       if file.startswith('ckpt-') and not file.startswith(f'{name}.'):
-        _remove(os.path.join(self._directory, file))
+        storage.remove(os.path.join(self._directory, file))
     logging.info('Best checkpoint of step %d written: %s', step,
                  self._record)
 
@@ -156,11 +156,3 @@ def metric_value(results: Mapping, metric: str, field: str,
         f'config.{field}={metric!r} is not an eval metric of this task; it '
         f'has {sorted(metrics)}. Set one of those, {otherwise}.')
   return metrics[metric]
-
-
-def _remove(path: str) -> None:
-  """Removes a file, or a folder with what it holds."""
-  if os.path.isdir(path):
-    shutil.rmtree(path, ignore_errors=True)
-  else:
-    os.remove(path)

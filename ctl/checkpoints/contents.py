@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 from ctl import task as task_lib
 
 
@@ -90,7 +91,7 @@ def warm_start(task: task_lib.Task, source: str,
 
 def _checkpoint_path(source: str) -> str:
   for directory in (source, os.path.join(source, 'checkpoints')):
-    if tf.io.gfile.isdir(directory) and tf.train.latest_checkpoint(directory):
+    if storage.isdir(directory) and tf.train.latest_checkpoint(directory):
       return tf.train.latest_checkpoint(directory)
   return source
 

@@ -6,6 +6,7 @@ import os
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 from ctl.checkpoints import manager
 from ctl.runtime import tf_internals
 
@@ -68,7 +69,7 @@ class DataPositions:
   def _saved_at(self, step: int) -> dict[int, set[int]]:
     """{number of pipelines: the pipelines with a position at `step`}."""
     saved = {}
-    for index in tf.io.gfile.glob(os.path.join(
+    for index in storage.glob(os.path.join(
         self._root, 'pipeline-*-of-*', f'ckpt-{step}.index')):
       name = os.path.basename(os.path.dirname(index))
       _, pipeline, _, count = name.split('-')
@@ -108,11 +109,11 @@ class DataPositions:
     except tf.errors.FailedPreconditionError as error:
       raise _unsavable(error) from error
     steps = sorted(manager.step_of(name.rsplit('.', 1)[0]) for name in
-                   tf.io.gfile.listdir(self._directory)
+                   storage.listdir(self._directory)
                    if name.startswith('ckpt-') and name.endswith('.index'))
     for old in steps[:-self._max_to_keep]:
-      for path in tf.io.gfile.glob(self._prefix(old) + '.*'):
-        tf.io.gfile.remove(path)
+      for path in storage.glob(self._prefix(old) + '.*'):
+        storage.remove(path)
 
   def restore(self, step: int) -> None:
     """Restores this pipeline's position at `step`.
@@ -123,7 +124,7 @@ class DataPositions:
     if not self.enabled:
       return
     prefix = self._prefix(step)
-    if not tf.io.gfile.exists(prefix + '.index'):
+    if not storage.exists(prefix + '.index'):
       raise errors.CtlError(
           f'The data position of step {step} is missing ({prefix}): the '
           'checkpoint cannot resume the data exactly. Train in a new '

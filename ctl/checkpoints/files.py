@@ -7,6 +7,7 @@ import os
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import manager
 from ctl.runtime import workdir as workdir_lib
@@ -17,16 +18,11 @@ def copy_checkpoint(source: str, destination: str) -> None:
   `destination`, hard-linking them where the filesystem allows: a link
   costs nothing, and keeps the files readable even when training rotates
   the source away."""
-  files = tf.io.gfile.glob(f'{source}.*')
+  files = storage.glob(f'{source}.*')
   if not any(file.endswith('.index') for file in files):
     raise FileNotFoundError(f'{source}.index')
   for file in files:
-    target = destination + file[len(source):]
-    try:
-      os.link(file, target)
-    except OSError:
-      # Another filesystem, or an object store.
-      tf.io.gfile.copy(file, target, overwrite=True)
+    storage.link_or_copy(file, destination + file[len(source):])
 
 
 def snapshot_checkpoint(source: str, destination: str) -> bool:
@@ -42,8 +38,8 @@ def snapshot_checkpoint(source: str, destination: str) -> bool:
 
 
 def remove_checkpoint(prefix: str) -> None:
-  for file in tf.io.gfile.glob(f'{prefix}.*'):
-    tf.io.gfile.remove(file)
+  for file in storage.glob(f'{prefix}.*'):
+    storage.remove(file)
 
 
 def listed(directory: str) -> list[tuple[int, str]]:
@@ -55,7 +51,8 @@ def listed(directory: str) -> list[tuple[int, str]]:
     return []
   if state is None:
     return []
-  paths = [path if os.path.isabs(path) else os.path.join(directory, path)
+  paths = [path if os.path.isabs(path) or not storage.is_local(path)
+           else os.path.join(directory, path)
            for path in state.all_model_checkpoint_paths]
   return sorted((manager.step_of(path), path) for path in paths)
 
@@ -67,7 +64,7 @@ def find(workdir: str, which: str = 'best') -> tuple[str, str]:
     CtlError: there is none.
   """
   if which not in ('best', 'latest'):
-    if not tf.io.gfile.exists(f'{which}.index'):
+    if not storage.exists(f'{which}.index'):
       raise errors.CtlError(f'Checkpoint {which} does not exist (no '
                             f'{which}.index).')
     return which, 'named'

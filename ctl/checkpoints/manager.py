@@ -14,13 +14,13 @@ new checkpoint as the latest, whole.
 
 from collections.abc import Callable
 import os
-import shutil
 import tempfile
 
 from absl import logging
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 
 
 class Checkpointer:
@@ -101,7 +101,7 @@ class Checkpointer:
 
   def _problem(self, path: str) -> str | None:
     """Why checkpoint `path` cannot be resumed from; None if it can."""
-    if not tf.io.gfile.exists(f'{path}.index'):
+    if not storage.exists(f'{path}.index'):
       return 'has no files (moved away?)'
     return self._data_problem(step_of(path))
 
@@ -162,7 +162,7 @@ class Checkpointer:
     if self._scratch_directory is None:
       logging.info('Saved %s', path)
     else:
-      shutil.rmtree(self._scratch_directory, ignore_errors=True)
+      storage.remove(self._scratch_directory)
       logging.info('Took part in saving checkpoint %d (the chief writes it)',
                    step)
 
@@ -177,7 +177,7 @@ class Checkpointer:
       self._checkpoint.write(prefix, options=self._options)
     else:
       self._checkpoint.write(os.path.join(self._scratch_directory, 'copy'))
-      shutil.rmtree(self._scratch_directory, ignore_errors=True)
+      storage.remove(self._scratch_directory)
 
   def wait(self) -> None:
     """Returns once every checkpoint saved so far is completely written."""
@@ -198,7 +198,7 @@ def _check_state_file(directory: str) -> None:
   first save never completed: it is written last, atomically.)
   """
   state_file = os.path.join(directory, 'checkpoint')
-  if not tf.io.gfile.exists(state_file):
+  if not storage.exists(state_file):
     return
   try:
     readable = tf.train.get_checkpoint_state(directory) is not None

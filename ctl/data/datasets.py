@@ -17,6 +17,7 @@ import numpy as np
 
 from ctl import errors
 from ctl import registry
+from ctl import storage
 
 # The train/eval split of datasets that ship without one is fixed, so that
 # changing config.seed changes the training order but never the eval set.
@@ -99,14 +100,15 @@ def load_mnist(config: ml_collections.ConfigDict) -> Data:
   cached file whose checksum differs, which fails without a network.
   """
   path = config.path or os.path.join(_keras_home(), 'datasets', 'mnist.npz')
-  if not os.path.isfile(path):
+  if not storage.exists(path):
     raise errors.CtlError(
         f'MNIST file not found: {path}. ctl never downloads at run time. On a '
         'machine with network access run `python -c "import keras; '
         'keras.datasets.mnist.load_data()"` to put it in the Keras cache, or '
         'pass --config.data.path=/path/to/mnist.npz.')
   try:
-    with np.load(path, allow_pickle=False) as arrays:
+    with storage.open_binary(path) as file, np.load(
+        file, allow_pickle=False) as arrays:
       train = Split(arrays['x_train'], arrays['y_train'].astype(np.int32))
       test = Split(arrays['x_test'], arrays['y_test'].astype(np.int32))
   except (OSError, KeyError, ValueError, zipfile.BadZipFile) as error:

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 from ctl.data import tfrecord
 from ctl.data import tfrecord_files
 
@@ -87,7 +88,7 @@ def load_builder(name: str, data_dir: str) -> Any:
   data_dir = os.path.expanduser(data_dir)
   if name == STANDIN:
     return _prepared_standin(tfds, data_dir)
-  if tf.io.gfile.exists(os.path.join(data_dir, 'dataset_info.json')):
+  if storage.exists(os.path.join(data_dir, 'dataset_info.json')):
     return tfds.builder_from_directory(data_dir)
   if not name:
     raise errors.ConfigError(
@@ -99,7 +100,7 @@ def load_builder(name: str, data_dir: str) -> Any:
              f'reachable with `{prepare_command(name, data_dir)}` (then copy '
              f'{data_dir} here if that was another machine), or point '
              'config.data.tfds.data_dir at the directory that holds it.')
-  if not tf.io.gfile.isdir(data_dir):
+  if not storage.isdir(data_dir):
     raise errors.CtlError(
         f'The TFDS data directory {data_dir} does not exist, so dataset '
         f'{name!r} is not prepared there. {prepare}')
@@ -113,7 +114,7 @@ def load_builder(name: str, data_dir: str) -> Any:
   if builder is None or not builder.is_prepared():
     raise errors.CtlError(
         f'TFDS dataset {name!r} is not prepared in {data_dir} (it holds '
-        f'{sorted(tf.io.gfile.listdir(data_dir))[:10]}). {prepare}')
+        f'{sorted(storage.listdir(data_dir))[:10]}). {prepare}')
   return builder
 
 
@@ -128,7 +129,7 @@ def _prepared_standin(tfds: Any, data_dir: str) -> Any:
                   'shapes (28x28 uint8, 10 classes), NOT MNIST: a smoke run '
                   'of the TFDS pipeline, not of the model.', STANDIN)
   version_dir = os.path.join(data_dir, STANDIN, '1.0.0')
-  if tf.io.gfile.exists(os.path.join(version_dir, 'dataset_info.json')):
+  if storage.exists(os.path.join(version_dir, 'dataset_info.json')):
     return tfds.builder_from_directory(version_dir)
 
   def generate(num_examples: int, seed: int):
@@ -282,7 +283,7 @@ def _split_files(builder: Any, split: str) -> tuple[list[str], list[int]]:
   split_info = info.splits[split]
   shards = sorted(zip((os.fspath(path) for path in split_info.filepaths),
                       split_info.shard_lengths))
-  missing = [path for path, _ in shards if not tf.io.gfile.exists(path)]
+  missing = [path for path, _ in shards if not storage.exists(path)]
   if missing:
     raise errors.CtlError(
         f'{len(missing)} file(s) of TFDS dataset {info.full_name}, split '

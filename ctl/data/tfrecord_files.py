@@ -9,6 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 
 FeatureSpec = Mapping[str, tf.io.FixedLenFeature]
 
@@ -43,17 +44,17 @@ def find_files(pattern: str) -> list[str]:
     CtlError: when the directory is missing or nothing matches.
   """
   directory = os.path.dirname(pattern) or '.'
-  if not tf.io.gfile.isdir(directory):
+  if not storage.isdir(directory):
     raise errors.CtlError(
         f'The data directory {directory} does not exist (TFRecord files '
         f'{pattern!r}). Write the files there, e.g. with `python -m '
         f'ctl.data.write_tfrecords --output={directory}`, or correct the '
         'path.')
-  files = sorted(tf.io.gfile.glob(pattern))
+  files = sorted(storage.glob(pattern))
   if not files:
     raise errors.CtlError(
         f'No file matches {pattern!r}. The directory {directory} holds: '
-        f'{sorted(tf.io.gfile.listdir(directory))[:10]}.')
+        f'{sorted(storage.listdir(directory))[:10]}.')
   return files
 
 
@@ -153,6 +154,6 @@ def known_count(path: str, known: Mapping[str, Mapping[str, int]]
                  ) -> int | None:
   """The writer's record count for path, if it recorded path's size."""
   entry = known.get(os.path.basename(path))
-  if entry is None or tf.io.gfile.stat(path).length != entry['bytes']:
+  if entry is None or storage.size(path) != entry['bytes']:
     return None
   return int(entry['records'])

@@ -23,9 +23,7 @@ renamed to it at the end: a reader never sees half-written shards, and two
 workers writing the same output at once leave one whole copy.
 """
 
-import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -36,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 from ctl.data import datasets
 
 METADATA = 'features.json'
@@ -69,8 +68,12 @@ def write(data: datasets.Data, output: str, num_shards: int,
     raise errors.CtlError(
         f'Dataset {name!r} has {data.train.features.dtype} features; the '
         'TFRecord writer writes uint8 images only.')
-  parent = os.path.dirname(os.path.abspath(output))
-  os.makedirs(parent, exist_ok=True)
+  local = storage.is_local(output)
+  # Written beside output and renamed into place; or, for an output on an
+  # object store, written here and published with features.json last.
+  parent = os.path.dirname(os.path.abspath(output)) if local else None
+  if parent:
+    storage.makedirs(parent)
   scratch = tempfile.mkdtemp(prefix=f'.{os.path.basename(output)}.tmp-',
                              dir=parent)
   # mkdtemp makes it private; the renamed copy is for every reader.
@@ -93,23 +96,28 @@ def write(data: datasets.Data, output: str, num_shards: int,
         labels = split.labels[shard::num_shards]
         _write_shard(os.path.join(scratch, name),
                      split.features[shard::num_shards], labels)
-        files[name] = {'records': len(labels), 'bytes': os.path.getsize(
-            os.path.join(scratch, name))}
+        files[name] = {'records': len(labels),
+                       'bytes': storage.size(os.path.join(scratch, name))}
       metadata['splits'][split_name] = {
           'pattern': split_pattern(split_name), 'num_shards': num_shards,
           'num_examples': len(split), 'files': files}
     # Written last: a directory with features.json is whole.
-    with open(os.path.join(scratch, METADATA), 'w') as file:
-      json.dump(metadata, file, indent=2)
+    storage.write_json(os.path.join(scratch, METADATA), metadata)
+    whole = os.path.join(output, METADATA)
+    if not local:
+      if storage.exists(whole):
+        return False  # Another writer finished first.
+      storage.publish_folder(scratch, output, METADATA)
+      return True
     try:
-      os.rename(scratch, output)  # Atomic; fails if output exists.
+      storage.rename_local_folder(scratch, output)
     except OSError:
-      if os.path.isfile(os.path.join(output, METADATA)):
+      if storage.exists(whole):
         return False  # Another writer finished first.
       raise
     return True
   finally:
-    shutil.rmtree(scratch, ignore_errors=True)
+    storage.remove(scratch)
 
 
 def read_metadata(directory: str) -> dict:
@@ -120,9 +128,11 @@ def read_metadata(directory: str) -> dict:
   """
   path = os.path.join(directory, METADATA)
   try:
-    with open(path) as file:
-      return json.load(file)
-  except (OSError, ValueError) as error:
+    metadata = storage.read_json(path)
+    if metadata is None:
+      raise FileNotFoundError(f'no such file: {path}')
+    return metadata
+  except (OSError, ValueError, tf.errors.OpError) as error:
     raise errors.CtlError(
         f'Cannot read {path} ({error}): the directory must hold TFRecord '
         'shards and their features.json, as `python -m '
@@ -156,7 +166,7 @@ def _define_flags() -> None:
 def main(argv) -> None:
   del argv
   values = flags.FLAGS
-  if os.path.exists(values.output):
+  if storage.exists(values.output):
     sys.exit(f'error: {values.output} exists: choose a new --output. '
              'Nothing was written.')
   config = ml_collections.ConfigDict({

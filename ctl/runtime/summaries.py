@@ -30,6 +30,8 @@ from tensorboard.util import encoder
 from tensorboard.util import tensor_util
 import tensorflow as tf
 
+from ctl import storage
+
 
 @dataclasses.dataclass(frozen=True)
 class Image:
@@ -73,7 +75,7 @@ class TensorBoardWriter:
   _files = itertools.count()  # Keeps this process's file names apart.
 
   def __init__(self, logdir: str):
-    tf.io.gfile.makedirs(logdir)
+    storage.makedirs(logdir)
     self._records = tf.io.TFRecordWriter(os.path.join(
         logdir, f'events.out.tfevents.{int(time.time()):010d}.'
         f'{socket.gethostname()}.{os.getpid()}.{next(self._files)}'))

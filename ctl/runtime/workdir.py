@@ -24,9 +24,11 @@ import time
 
 from absl import logging
 import ml_collections
+import tensorflow as tf
 
 from ctl import config as config_lib
 from ctl import errors
+from ctl import storage
 
 CONFIG_FILE = 'config.json'
 RESULTS_FILE = 'results.json'
@@ -93,7 +95,7 @@ class Lock:
     self._descriptor = None
 
   def __enter__(self) -> 'Lock':
-    if os.path.isdir(self._workdir):
+    if storage.is_local(self._workdir) and os.path.isdir(self._workdir):
       self.acquire()
     return self
 
@@ -109,6 +111,11 @@ class Lock:
       WorkdirInUse: another process holds it.
     """
     if not self._enabled or self._descriptor is not None:
+      return
+    if not storage.is_local(self._workdir):
+      logging.info('Workdir %s is not on this machine and is not locked: '
+                   'make sure no other job trains in it.', self._workdir)
+      self._enabled = False
       return
     descriptor = os.open(self._workdir, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -151,15 +158,17 @@ def remove_leftovers(workdir: str) -> None:
   """Removes the temporary files of JSON writes that a kill cut short
   (those of this host's processes that are gone: a side-car on another
   host, or a live one here, may be writing)."""
+  if not storage.is_local(workdir):
+    return  # Whole files are single uploads there: no temporary files.
   host = socket.gethostname()
   for folder in (workdir, summary_dir(workdir, 'eval'),
                  os.path.join(workdir, 'best')):
-    for path in glob.glob(os.path.join(glob.escape(folder), '*.tmp-*')):
+    for path in storage.glob(os.path.join(glob.escape(folder), '*.tmp-*')):
       writer = path.rsplit('.tmp-', 1)[1]
       writer_host, _, pid = writer.rpartition('-')
       if writer_host == host and pid.isdigit() and not is_alive(int(pid)):
         logging.info('Removing %s, left by a write that was cut short.', path)
-        os.remove(path)
+        storage.remove(path)
 
 
 def is_alive(pid: int) -> bool:
@@ -176,12 +185,11 @@ def is_alive(pid: int) -> bool:
 def prepare(workdir: str) -> None:
   """Creates the workdir, or fails with a clear message if it cannot be written."""
   try:
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     probe = os.path.join(workdir, f'.write-test-{os.getpid()}')
-    with open(probe, 'w') as file:
-      file.write('ok')
-    os.remove(probe)
-  except OSError as error:
+    storage.write_text(probe, 'ok')
+    storage.remove(probe)
+  except (OSError, tf.errors.OpError) as error:
     raise errors.CtlError(
         f'Cannot write to workdir {workdir}: {error}. Pass a --workdir this '
         'user can write to.') from error
@@ -191,45 +199,18 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Saves the config as JSON; keeps an earlier, different one beside it."""
   path = os.path.join(workdir, CONFIG_FILE)
   new = json.loads(config.to_json_best_effort())
-  if os.path.exists(path):
-    with open(path) as file:
-      old = json.load(file)
+  old = storage.read_json(path)
+  if old is not None:
     changes = config_lib.differences(old, new)
     if not changes:
       return
     kept = os.path.join(workdir, f'config.{time.strftime("%Y%m%d-%H%M%S")}.json')
-    os.replace(path, kept)
+    storage.rename(path, kept)
     logging.warning('The config differs from the one this workdir was started '
                     'with (kept as %s):\n  %s', kept, '\n  '.join(changes))
-  write_json(path, new)
+  storage.write_json(path, new)
 
 
 def read_results(workdir: str) -> dict | None:
   """Returns results.json's content, or None if training has not finished."""
-  return read_json(results_path(workdir))
-
-
-def read_json(path: str) -> dict | None:
-  """A JSON file's content, or None when it does not exist."""
-  try:
-    with open(path) as file:
-      return json.load(file)
-  except (FileNotFoundError, NotADirectoryError):
-    return None
-
-
-def write_json(path: str, content: dict) -> None:
-  """Writes JSON atomically: readers see the old file or the whole new one."""
-  write_text(path, json.dumps(content, indent=2, sort_keys=True) + '\n')
-
-
-def write_text(path: str, text: str) -> None:
-  """Writes a file atomically: readers see the old file or the whole new one.
-
-  The temporary file is named after its writer (`<path>.tmp-<host>-<pid>`):
-  what a kill left of it is removed by remove_leftovers.
-  """
-  temporary = f'{path}.tmp-{socket.gethostname()}-{os.getpid()}'
-  with open(temporary, 'w') as file:
-    file.write(text)
-  os.replace(temporary, path)
+  return storage.read_json(results_path(workdir))

@@ -19,7 +19,6 @@ delete: the chief alone writes into the workdir.
 
 import glob
 import os
-import shutil
 import socket
 import tempfile
 
@@ -28,6 +27,7 @@ import ml_collections
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 from ctl import task as task_lib
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import files as checkpoint_files
@@ -41,7 +41,8 @@ EXPORT_JSON = 'export.json'
 def is_whole(workdir: str) -> bool:
   """Whether workdir holds a whole export (its export.json is written
   last, in the staging folder, before the folder is renamed into place)."""
-  return os.path.exists(os.path.join(workdir_lib.export_dir(workdir), EXPORT_JSON))
+  return storage.exists(os.path.join(workdir_lib.export_dir(workdir),
+                                    EXPORT_JSON))
 
 
 def _temporary(name: str, pid: int | None = None) -> str:
@@ -54,8 +55,10 @@ def _remove_leftovers(workdir: str) -> None:
   """Removes the temporary folders of exports that were cut short: those
   of processes of this host that are gone (another host's, or a live
   process's, may still be in use)."""
+  if not storage.is_local(workdir):
+    return  # Staged on this machine: nothing temporary there.
   for name in ('.export', f'{workdir_lib.EXPORT_DIR}.old'):
-    for path in glob.glob(os.path.join(glob.escape(workdir), f'{name}-*')):
+    for path in storage.glob(os.path.join(glob.escape(workdir), f'{name}-*')):
       try:
         pid = int(os.path.basename(path)[len(name) + 1:].split('-')[0])
       except ValueError:
@@ -64,7 +67,7 @@ def _remove_leftovers(workdir: str) -> None:
           not workdir_lib.is_alive(pid)):
         logging.info('Removing %s, left by an export that was cut short.',
                      path)
-        shutil.rmtree(path, ignore_errors=True)
+        storage.remove(path)
 
 
 def export_run(config: ml_collections.ConfigDict, workdir: str, *,
@@ -82,26 +85,27 @@ def export_run(config: ml_collections.ConfigDict, workdir: str, *,
       serving signature cannot be saved.
   """
   final = workdir_lib.export_dir(workdir)
-  parent = workdir if is_chief else tempfile.gettempdir()
-  if is_chief:
+  # Staged beside the workdir's files (a rename puts it in place, and
+  # links can be made), or on this machine for a workdir that is not.
+  local = storage.is_local(workdir)
+  if is_chief and local:
     _remove_leftovers(workdir)
   staging = tempfile.mkdtemp(prefix=_temporary('.export') + 'staging-',
-                             dir=parent)
-  # Beside the workdir's files, so that links can be made.
+                             dir=workdir if is_chief and local else None)
   reading = tempfile.mkdtemp(prefix=_temporary('.export') + 'reading-',
-                             dir=workdir)
+                             dir=workdir if local else None)
   try:
     path, which, snapshot = _snapshot(workdir, checkpoint, reading)
     run = load_lib.restore(config, snapshot)
     _write(run.task, staging)
-    workdir_lib.write_json(os.path.join(staging, EXPORT_JSON), {
+    storage.write_json(os.path.join(staging, EXPORT_JSON), {
         'step': run.step, 'checkpoint': path, 'which': which,
         'task': config.task})
     if is_chief:
       _replace(staging, final)
   finally:
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(reading, ignore_errors=True)
+    storage.remove(staging)
+    storage.remove(reading)
   if not is_chief:
     logging.info('Took part in the export (the chief writes it).')
     return staging
@@ -163,20 +167,15 @@ def _write(task: task_lib.Task, directory: str) -> None:
 
 
 def _replace(staging: str, final: str, attempts: int = 3) -> None:
-  """Renames staging to final, replacing an earlier export.
+  """Puts staging at final, replacing an earlier export (export.json,
+  which is_whole reads, last).
 
   Retried: a side-car evaluator may be replacing it at the same moment.
   """
   for attempt in range(attempts):
-    old = os.path.join(os.path.dirname(final),
-                       _temporary(f'{workdir_lib.EXPORT_DIR}.old') + 'replaced')
     try:
-      if os.path.exists(final):
-        os.replace(final, old)
-      os.replace(staging, final)
-      break
-    except OSError:
+      storage.publish_folder(staging, final, EXPORT_JSON)
+      return
+    except (OSError, tf.errors.OpError):
       if attempt == attempts - 1:
         raise
-    finally:
-      shutil.rmtree(old, ignore_errors=True)

@@ -9,7 +9,6 @@ this process's devices, and the checkpoint restored into it.
 """
 
 import dataclasses
-import json
 import os
 
 import keras
@@ -17,6 +16,7 @@ import ml_collections
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 from ctl import task as task_lib
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import files as checkpoint_files
@@ -77,11 +77,11 @@ def load(workdir: str, checkpoint: str = 'best') -> LoadedRun:
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a run was trained with (workdir/config.json)."""
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
-  if not os.path.exists(path):
+  saved = storage.read_json(path)
+  if saved is None:
     raise errors.CtlError(f'{path} does not exist: {workdir} is not the '
                           'workdir of a ctl run.')
-  with open(path) as file:
-    return ml_collections.ConfigDict(json.load(file))
+  return ml_collections.ConfigDict(saved)
 
 
 def restore(config: ml_collections.ConfigDict, path: str,

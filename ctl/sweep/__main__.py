@@ -25,6 +25,7 @@ import dataclasses
 import os
 import signal
 import sys
+import tempfile
 import time
 
 from absl import app
@@ -32,9 +33,10 @@ from absl import flags
 
 from ctl import config as config_lib
 from ctl import errors
+from ctl import storage
 from ctl.runtime import subprocesses
-from ctl.sweep import trials as trials_lib
 from ctl.runtime import workdir as workdir_lib
+from ctl.sweep import trials as trials_lib
 
 _SWEEP = flags.DEFINE_string('sweep', None,
                              'Sweep file defining get_sweep(), e.g. '
@@ -57,7 +59,7 @@ def main(argv: list[str]) -> None:
     sys.exit(error.exit_code)
   workdir_lib.prepare(_WORKDIR.value)
   trials, trial_config = _with_mlflow_parent(trials, config_file)
-  workdir_lib.write_json(os.path.join(_WORKDIR.value, 'sweep.json'), {
+  storage.write_json(os.path.join(_WORKDIR.value, 'sweep.json'), {
       'sweep': os.path.abspath(_SWEEP.value), 'config': config_file,
       'metric': sweep.metric, 'mode': sweep.mode,
       'num_workers': sweep.num_workers,
@@ -132,8 +134,8 @@ class _Runner:
     return self._stop_requested
 
   def _start(self, trial: trials_lib.Trial) -> None:
-    os.makedirs(trial.workdir, exist_ok=True)
-    log = open(os.path.join(trial.workdir, 'log.txt'), 'a')
+    storage.makedirs(trial.workdir)
+    log = open(_local_log(trial), 'a')  # pylint: disable=consider-using-with
     log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: '
               f'{" ".join(trial.command)}\n')
     log.flush()
@@ -145,12 +147,13 @@ class _Runner:
     for process in [p for p in self._running if p.poll() is not None]:
       trial, started, log = self._running.pop(process)
       log.close()
+      _publish_log(trial)
       record = trial.record()
       record.update(
           overrides=trial.overrides, exit_code=process.returncode,
           wall_seconds=record.get('wall_seconds', 0.0) +
           time.monotonic() - started)
-      workdir_lib.write_json(os.path.join(trial.workdir, 'trial.json'),
+      storage.write_json(os.path.join(trial.workdir, 'trial.json'),
                              record)
       if process.returncode == 0:
         _say(f'{trial.name}: finished in {record["wall_seconds"]:.1f} s')
@@ -166,6 +169,25 @@ class _Runner:
     self._stop_requested = True
     for process in self._running:
       process.send_signal(signal.SIGTERM)
+
+
+def _local_log(trial: trials_lib.Trial) -> str:
+  """The file a trial's output goes to: its workdir's log.txt, or for a
+  workdir on an object store (which cannot take a process's output) a
+  local file, copied there when the trial exits."""
+  if storage.is_local(trial.workdir):
+    return os.path.join(trial.workdir, 'log.txt')
+  return os.path.join(tempfile.gettempdir(),
+                      f'ctl-sweep-{os.getpid()}-{trial.name}.log')
+
+
+def _publish_log(trial: trials_lib.Trial) -> None:
+  local = _local_log(trial)
+  if local == os.path.join(trial.workdir, 'log.txt'):
+    return
+  storage.append_text(os.path.join(trial.workdir, 'log.txt'),
+                      storage.read_text(local) or '')
+  storage.remove(local)
 
 
 def _say(message: str) -> None:

@@ -2,7 +2,7 @@
 
 import csv
 import dataclasses
-import glob
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -15,8 +15,9 @@ from tensorboard.plugins.hparams import api as hparams_api  # pylint: disable=g-
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from ctl import hyper  # pylint: disable=g-import-not-at-top,wrong-import-position
-from ctl.sweep import trials as trials_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ctl import storage  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ctl.runtime import workdir as workdir_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ctl.sweep import trials as trials_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _HPARAMS_SUFFIX = '.hparams'
 
@@ -84,10 +85,11 @@ def _write_csv(path: str, rows: list[dict], keys: list[str]) -> None:
                     if name.startswith('eval.')})
   columns = ['trial', 'status', *keys, 'step', *metrics, 'wall_seconds',
              'workdir']
-  with open(path, 'w', newline='') as file:
-    writer = csv.DictWriter(file, columns, extrasaction='ignore')
-    writer.writeheader()
-    writer.writerows(rows)
+  text = io.StringIO()
+  writer = csv.DictWriter(text, columns, extrasaction='ignore')
+  writer.writeheader()
+  writer.writerows(rows)
+  storage.write_text(path, text.getvalue())
 
 
 def plot(rows: list[dict], keys: list[str], sweep: hyper.Sweep, path: str,
@@ -119,7 +121,9 @@ def plot(rows: list[dict], keys: list[str], sweep: hyper.Sweep, path: str,
   figure.suptitle(f'{sweep.metric} ({sweep.mode} is best), '
                   f'{len(rows)} trials')
   figure.tight_layout()
-  figure.savefig(path, dpi=100)
+  image = io.BytesIO()
+  figure.savefig(image, dpi=100, format='png')
+  storage.write_bytes(path, image.getvalue())
   pyplot.close(figure)
 
 
@@ -135,7 +139,7 @@ def _write_hparams(workdir: str, trials: Sequence[trials_lib.Trial],
     _write_summary(workdir, lambda: hparams_api.hparams_config(
         hparams=[hparams_api.HParam(key) for key in keys], metrics=metrics))
   for trial in trials:
-    if os.path.isdir(trial.workdir) and not _has_hparams(trial.workdir):
+    if storage.isdir(trial.workdir) and not _has_hparams(trial.workdir):
       values = {key: _hparam_value(value)
                 for key, value in trial.overrides.items()}
       _write_summary(trial.workdir, lambda values=values, trial=trial:
@@ -143,7 +147,7 @@ def _write_hparams(workdir: str, trials: Sequence[trials_lib.Trial],
 
 
 def _has_hparams(directory: str) -> bool:
-  return bool(glob.glob(os.path.join(directory, f'*{_HPARAMS_SUFFIX}')))
+  return bool(storage.glob(os.path.join(directory, f'*{_HPARAMS_SUFFIX}')))
 
 
 def _write_summary(directory: str, write) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from ctl import config as config_lib
 from ctl import errors
 from ctl import hyper
+from ctl import storage
 from ctl.runtime import workdir as workdir_lib
 
 _MAX_NAME_CHARS = 80
@@ -37,11 +38,7 @@ class Trial:
 
   def record(self) -> dict:
     """trial.json: what the runner knows of this trial (exit code, time)."""
-    try:
-      with open(os.path.join(self.workdir, 'trial.json')) as file:
-        return json.load(file)
-    except FileNotFoundError:
-      return {}
+    return storage.read_json(os.path.join(self.workdir, 'trial.json')) or {}
 
 
 def load_sweep(sweep_file: str) -> tuple[hyper.Sweep, str]:

@@ -9,7 +9,6 @@ Any task's run takes them from config fields (`config.early_stopping`,
 import csv
 import io
 import math
-import os
 from typing import Any
 
 from absl import logging
@@ -19,6 +18,7 @@ import tensorflow as tf
 from ctl import actions
 from ctl import config as config_lib
 from ctl import errors
+from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import loop
@@ -198,23 +198,22 @@ class CsvLogger(actions.Action):
       self._trim()
     text = io.StringIO()
     csv.writer(text, lineterminator='\n').writerows(rows)
-    with open(self._path, 'a', encoding='utf-8') as file:
-      file.write(text.getvalue())
+    storage.append_text(self._path, text.getvalue())
     self._rows += len(rows)
 
   def _trim(self) -> None:
     """Keeps the header and the rows of the checkpoint resumed from."""
     self._trimmed = True
     lines = []
-    if os.path.exists(self._path):
-      with open(self._path, encoding='utf-8') as file:
-        lines = file.read().splitlines(keepends=True)[1:self._rows + 1]
+    text = storage.read_text(self._path)
+    if text is not None:
+      lines = text.splitlines(keepends=True)[1:self._rows + 1]
     if len(lines) < self._rows:
       logging.warning('%s has %d rows, fewer than the %d its checkpoint '
                       'counted: keeping them.', self._path, len(lines),
                       self._rows)
       self._rows = len(lines)
-    workdir_lib.write_text(self._path, 'step,name,value\n' + ''.join(lines))
+    storage.write_text(self._path, 'step,name,value\n' + ''.join(lines))
 
   def state(self) -> dict[str, Any]:
     return {'rows': self._rows}

@@ -15,6 +15,7 @@ workdir/eval/results.json.
 """
 
 import os
+import tempfile
 import time
 
 from absl import logging
@@ -23,6 +24,7 @@ import tensorflow as tf
 
 from ctl import config as config_lib
 from ctl import errors
+from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import files as checkpoint_files
 from ctl.checkpoints import manager as checkpoint_manager
@@ -58,7 +60,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
     raise errors.CtlError(
         f'No checkpoint to evaluate in {workdir_lib.checkpoint_dir(workdir)}:'
         ' train first, or name one with --checkpoint=PATH.')
-  if not tf.io.gfile.exists(f'{path}.index'):
+  if not storage.exists(f'{path}.index'):
     raise errors.CtlError(f'Checkpoint {path} does not exist (no '
                           f'{path}.index): name one with --checkpoint=PATH.')
   side = _SideEvaluation(config, workdir)
@@ -174,7 +176,7 @@ class _SideEvaluation:
                                          config.evaluation.best_mode)
 
   def last_results(self) -> dict | None:
-    return workdir_lib.read_json(workdir_lib.eval_results_path(self._workdir))
+    return storage.read_json(workdir_lib.eval_results_path(self._workdir))
 
   def evaluate(self, path: str) -> dict | None:
     """Evaluates checkpoint `path` and keeps it if it is the best.
@@ -183,8 +185,12 @@ class _SideEvaluation:
       The results, or None when the checkpoint was gone before it was read.
     """
     step = checkpoint_manager.step_of(path)
-    reading = os.path.join(self._eval_dir, '.reading')
-    os.makedirs(reading, exist_ok=True)
+    # Beside the checkpoints, where a hard link costs nothing; on an
+    # object store, a local copy.
+    reading = (os.path.join(self._eval_dir, '.reading')
+               if storage.is_local(self._eval_dir) else
+               os.path.join(tempfile.gettempdir(), f'ctl-reading-{os.getpid()}'))
+    storage.makedirs(reading)
     snapshot = os.path.join(reading, f'ckpt-{step}')
     if not checkpoint_files.snapshot_checkpoint(path, snapshot):
       logging.warning('Skipped checkpoint %s: it was deleted (rotated away '
@@ -194,7 +200,7 @@ class _SideEvaluation:
       self._assembled.restore(snapshot)
       results = {'step': step, 'checkpoint': path,
                  'eval': self._evaluator.evaluate(step)}
-      workdir_lib.write_json(workdir_lib.eval_results_path(self._workdir),
+      storage.write_json(workdir_lib.eval_results_path(self._workdir),
                              summaries.json_ready(results))
       if self._best.improves(results['eval']):
         self._best.keep(step, results['eval'], lambda prefix:

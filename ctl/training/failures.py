@@ -17,11 +17,11 @@ whole one resumes the run.
 """
 
 import errno
-import os
 
 import tensorflow as tf
 
 from ctl import errors
+from ctl import storage
 from ctl import task as task_lib
 from ctl.cluster import distribution
 from ctl.runtime import workdir as workdir_lib
@@ -36,6 +36,9 @@ def explain(error: Exception, *, workdir: str, task: task_lib.Task | None,
             jit_compile: str) -> errors.CtlError | None:
   """The ctl error that says what `error` means; None for an error ctl
   cannot explain (it is raised as it is)."""
+  found = store_failure(error, workdir)
+  if found is not None:
+    return found
   if isinstance(error, PEER_ERRORS):
     return None if task_info.num_workers == 1 else peer_failure(
         error, workdir, timeout_seconds)
@@ -98,11 +101,28 @@ def xla_failure(error: tf.errors.OpError,
   return None
 
 
+def store_failure(error: Exception,
+                  workdir: str) -> errors.StoreUnavailable | None:
+  """The error for a workdir's cloud store that failed to answer (after
+  TensorFlow's own retries); None for other errors."""
+  if storage.is_local(workdir) or not isinstance(error, tf.errors.OpError):
+    return None
+  message = str(error)
+  store = workdir.split('/')[2] if workdir.count('/') >= 2 else workdir
+  if store not in message and 'retry attempts failed' not in message:
+    return None
+  return errors.StoreUnavailable(
+      f'The store of workdir {workdir} did not answer, TensorFlow\'s '
+      f'retries included: {errors.summary(error, 300)}. Every checkpoint '
+      'before the one being written is whole and kept: run the same command '
+      'again (every worker) to resume from the latest.')
+
+
 def storage_failure(error: Exception, workdir: str) -> errors.CtlError | None:
   """The error for a full disk or a workdir that vanished mid-run; None for
   other errors. Checkpoints are whole or absent (the state file naming the
   latest is written last), so the latest whole one is kept either way."""
-  if not os.path.isdir(workdir):
+  if not _present(workdir):
     return errors.CtlError(
         f'The workdir {workdir} vanished during the run (deleted, moved or '
         f'unmounted): {errors.summary(error, 300)}. Restore it (the latest whole '
@@ -116,3 +136,10 @@ def storage_failure(error: Exception, workdir: str) -> errors.CtlError | None:
         'the same command again to resume from the latest.')
   return None
 
+
+def _present(workdir: str) -> bool:
+  """Whether the workdir is there; True when the store cannot say."""
+  try:
+    return storage.isdir(workdir)
+  except tf.errors.OpError:
+    return True

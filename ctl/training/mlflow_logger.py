@@ -22,6 +22,7 @@ import ml_collections
 
 from ctl import actions
 from ctl import errors
+from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.runtime import workdir as workdir_lib
 
@@ -70,7 +71,7 @@ def open_run(mlflow, *, workdir: str, experiment: str, run_name: str = '',
   """The id of workdir's MLflow run: the one in workdir/mlflow.json, set
   running again, or a new one (recorded there)."""
   path = workdir_lib.mlflow_run_path(workdir)
-  recorded = workdir_lib.read_json(path)
+  recorded = storage.read_json(path)
   if recorded is not None:
     run_id = recorded['run_id']
     mlflow.update_run(run_id, status='RUNNING')
@@ -81,10 +82,10 @@ def open_run(mlflow, *, workdir: str, experiment: str, run_name: str = '',
                    mlflow.create_experiment(experiment))
   run = mlflow.create_run(
       experiment_id,
-      run_name=run_name or os.path.basename(os.path.abspath(workdir)),
-      tags={'ctl.workdir': os.path.abspath(workdir), **(tags or {})})
+      run_name=run_name or os.path.basename(_absolute(workdir).rstrip('/')),
+      tags={'ctl.workdir': _absolute(workdir), **(tags or {})})
   run_id = run.info.run_id
-  workdir_lib.write_json(path, {'run_id': run_id, 'experiment': experiment,
+  storage.write_json(path, {'run_id': run_id, 'experiment': experiment,
                                 'tracking_uri': mlflow.tracking_uri})
   logging.info('MLflow: run %s in experiment %r at %s', run_id, experiment,
                mlflow.tracking_uri)
@@ -93,7 +94,7 @@ def open_run(mlflow, *, workdir: str, experiment: str, run_name: str = '',
 
 def recorded_run(workdir: str) -> str | None:
   """The MLflow run id recorded in workdir, if any."""
-  recorded = workdir_lib.read_json(workdir_lib.mlflow_run_path(workdir))
+  recorded = storage.read_json(workdir_lib.mlflow_run_path(workdir))
   return recorded['run_id'] if recorded else None
 
 
@@ -245,3 +246,7 @@ def from_config(config: ml_collections.ConfigDict, workdir: str,
   """The chief's MlflowLogger when config.mlflow.tracking_uri is set."""
   return [MlflowLogger(config, workdir)] if enabled(config) and is_chief else []
 
+
+def _absolute(path: str) -> str:
+  """A local path made absolute; a URL (gs://...) as it is."""
+  return os.path.abspath(path) if storage.is_local(path) else path

@@ -20,13 +20,14 @@ import tensorflow as tf
 
 from ctl import actions as actions_lib
 from ctl import errors
+from ctl import storage
 from ctl import task as task_lib
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import data_positions
 from ctl.checkpoints import manager as checkpoint_manager
-from ctl.data import inputs
 from ctl.cluster import distribution
+from ctl.data import inputs
 from ctl.runtime import preemption
 from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
@@ -265,7 +266,7 @@ class Trainer:
     logging.info('Final weights sha256 %s (task %s)', results['weights_sha256'],
                  self.task_info.name)
     if self.task_info.is_chief:
-      workdir_lib.write_json(workdir_lib.results_path(self.workdir),
+      storage.write_json(workdir_lib.results_path(self.workdir),
                              summaries.json_ready(results))
       logging.info('Results written to %s',
                    workdir_lib.results_path(self.workdir))

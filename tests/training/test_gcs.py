@@ -1,0 +1,220 @@
+"""A workdir and data on gs://, through TensorFlow's own GCS client and a
+GCS API server on localhost (tests/gcs_server.py): training stopped and
+resumed bit for bit, 2 workers with one killed, the side-car, export and
+ctl.load, TFRecord shards, a sweep trial, and the store going away during
+a save."""
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+import ctl
+from ctl import errors
+from ctl import storage
+import helpers
+
+pytestmark = pytest.mark.slow
+
+SEED = int(os.environ.get('CTL_GCS_SEED', random.randrange(10**6)))
+# 88 steps of 44 an epoch, a checkpoint every 11.
+ARGS = (f'--config={helpers.DIGITS}', '--config.num_epochs=2',
+        '--config.deterministic=True', '--config.intervals.log_steps=1',
+        '--config.intervals.checkpoint_steps=11')
+
+
+def _env(server, **variables):
+  return helpers.env_with(**server.env(), **variables)
+
+
+def _stop_step(name: str) -> int:
+  print(f'seed {SEED} (CTL_GCS_SEED={SEED} reproduces it)')
+  return random.Random(f'{SEED}-{name}').randint(20, 70)
+
+
+@pytest.fixture(scope='module')
+def local_run(tmp_path_factory) -> str:
+  """The digits job in a local workdir: its final weights' fingerprint."""
+  workdir = tmp_path_factory.mktemp('local')
+  run = helpers.run_ctl(*ARGS, f'--workdir={workdir}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  return helpers.fingerprint(run.stderr)[0]
+
+
+def test_sigterm_mid_epoch_resumes_on_gcs_as_a_local_run_ends(
+    gcs_server, local_run, tmp_path):
+  workdir = gcs_server.url('digits')
+  stop = _stop_step('sigterm')
+  job = helpers.Watched(helpers.ctl_command(*ARGS, f'--workdir={workdir}'),
+                        _env(gcs_server))
+  try:
+    job.wait_for(rf'step {stop}/88 ')
+    job.process.send_signal(signal.SIGTERM)
+    code = job.wait()
+  finally:
+    job.kill()
+  assert code == errors.EXIT_PREEMPTED, job.output[-3000:]
+  resumed = helpers.Watched(
+      helpers.ctl_command(*ARGS, f'--workdir={workdir}'), _env(gcs_server))
+  assert resumed.wait() == 0, resumed.output[-3000:]
+  assert 'Training from step ' in resumed.output
+  assert helpers.fingerprint(resumed.output) == [local_run]
+  # Everything a run writes is there, and reads back.
+  names = storage.listdir(workdir)
+  for name in ('config.json', 'results.json', 'checkpoints', 'train', 'eval',
+               'best', 'export'):
+    assert name in names, names
+  assert storage.read_json(storage.join(workdir, 'results.json'))['step'] == 88
+  loaded = ctl.load(workdir)
+  probabilities = loaded.serve(tf.zeros([2, 8, 8]))['probabilities']
+  assert probabilities.shape == (2, 10)
+  # --mode=export again, from gs:// to gs://.
+  export = helpers.run_ctl(*ARGS, f'--workdir={workdir}', '--mode=export',
+                           env=_env(gcs_server))
+  assert export.returncode == 0, export.stderr[-3000:]
+  assert storage.exists(storage.join(workdir, 'export', 'export.json'))
+  # --mode=evaluate reads the checkpoint there; init_from starts a local
+  # run from its weights.
+  evaluate = helpers.run_ctl(*ARGS, f'--workdir={workdir}', '--mode=evaluate',
+                             env=_env(gcs_server))
+  assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+  assert storage.read_json(storage.join(workdir, 'eval', 'results.json'))[
+      'step'] == 88
+  warm = helpers.run_ctl(*ARGS, f'--workdir={tmp_path / "warm"}',
+                         '--config.total_steps=1',
+                         f'--config.init_from={workdir}', env=_env(gcs_server))
+  assert warm.returncode == 0, warm.stderr[-3000:]
+  assert f'from {workdir}' in warm.stderr
+
+
+def test_two_workers_on_gcs_resume_after_one_is_killed(gcs_server, tmp_path):
+  reference = helpers.run_workers(
+      [*ARGS, f'--workdir={tmp_path / "local"}'], helpers.cluster_envs(2),
+      tmp_path)
+  assert reference == [0, 0]
+  expected = helpers.fingerprint((tmp_path / 'worker0.log').read_text())
+  workdir = gcs_server.url('workers')
+  stop = _stop_step('sigkill')
+  envs = helpers.cluster_envs(2, **gcs_server.env())
+  jobs = [helpers.Watched(helpers.ctl_command(*ARGS, f'--workdir={workdir}'),
+                          env) for env in envs]
+  try:
+    jobs[1].wait_for(rf'step {stop}/88 ')
+    jobs[1].process.send_signal(signal.SIGKILL)
+    codes = [job.wait() for job in jobs]
+  finally:
+    for job in jobs:
+      job.kill()
+  assert codes[1] == -signal.SIGKILL and codes[0] != 0, codes
+  envs = helpers.cluster_envs(2, **gcs_server.env())
+  jobs = [helpers.Watched(helpers.ctl_command(*ARGS, f'--workdir={workdir}'),
+                          env) for env in envs]
+  assert [job.wait() for job in jobs] == [0, 0], jobs[0].output[-3000:]
+  assert 'Training from step ' in jobs[0].output
+  assert helpers.fingerprint(jobs[0].output) == expected
+
+
+def test_a_side_car_on_gcs_evaluates_checkpoints_and_keeps_the_best(
+    gcs_server):
+  workdir = gcs_server.url('sidecar')
+  command = helpers.ctl_command(*ARGS, f'--workdir={workdir}',
+                                '--config.intervals.keep_checkpoints=2')
+  side_car = helpers.Watched([*command, '--mode=evaluate_continuously',
+                              '--config.intervals.eval_steps=0'],
+                             _env(gcs_server))
+  try:
+    side_car.wait_for('Evaluating each new checkpoint')
+    trainer = helpers.Watched([*command, '--config.evaluation.best_metric=',
+                               '--config.export.at_end=False'],
+                              _env(gcs_server))
+    assert trainer.wait() == 0, trainer.output[-3000:]
+    assert side_car.wait(timeout=300) == 0, side_car.output[-3000:]
+  finally:
+    side_car.kill()
+  steps = [int(line.split('eval at step ')[1].split(':')[0])
+           for line in side_car.output.splitlines() if 'eval at step ' in line]
+  assert len(steps) > 1 and steps[-1] == 88 and steps == sorted(steps)
+  best = storage.read_json(storage.join(workdir, 'best', 'best.json'))
+  assert best['step'] in steps
+  assert storage.exists(storage.join(workdir, 'best', best['checkpoint'] +
+                                     '.index'))
+
+
+def test_tfrecord_shards_on_gcs_are_written_then_trained_on(gcs_server):
+  data = gcs_server.url('shards')
+  workdir = gcs_server.url('tfrecord')
+  run = helpers.run_ctl(f'--config={helpers.REPO}/configs/digits_tfrecord.py:smoke',
+                        f'--config.data.tfrecord.dir={data}',
+                        f'--workdir={workdir}', env=_env(gcs_server))
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert storage.exists(storage.join(data, 'features.json'))
+  assert storage.glob(storage.join(data, 'train-*'))
+  assert storage.read_json(storage.join(workdir, 'results.json'))['eval'][
+      'accuracy'] > 0.5
+
+
+def test_a_sweep_trial_on_gcs(gcs_server, tmp_path):
+  sweep_file = tmp_path / 'sweep.py'
+  sweep_file.write_text(
+      'from ctl import hyper\n'
+      'def get_sweep():\n'
+      f'  return hyper.Sweep(config="{helpers.DIGITS}:smoke",\n'
+      '                     trials=[{"optimizer.learning_rate": 0.01}])\n')
+  workdir = gcs_server.url('sweep')
+  run = helpers.Watched([sys.executable, '-m', 'ctl.sweep',
+                         f'--sweep={sweep_file}', f'--workdir={workdir}'],
+                        _env(gcs_server))
+  assert run.wait(timeout=600) == 0, run.output[-3000:]
+  [trial] = [name for name in storage.listdir(workdir)
+             if storage.isdir(storage.join(workdir, name))]
+  trial_dir = storage.join(workdir, trial)
+  assert storage.read_json(storage.join(trial_dir, 'results.json'))['step']
+  assert 'Results written' in storage.read_text(
+      storage.join(trial_dir, 'log.txt'))
+  assert storage.read_json(storage.join(trial_dir, 'trial.json'))[
+      'exit_code'] == 0
+
+
+def test_the_store_going_away_during_saves_loses_nothing(gcs_server):
+  workdir = gcs_server.url('outage')
+  # A checkpoint every step: each outage falls on saves.
+  args = (*ARGS, f'--workdir={workdir}', '--config.total_steps=40',
+          '--config.intervals.checkpoint_steps=1', '--config.steps_per_loop=1')
+  job = helpers.Watched(helpers.ctl_command(*args), _env(gcs_server))
+  try:
+    # Down for 5 s: TensorFlow's retries ride it out, or the run stops
+    # as below.
+    job.wait_for(r'step 10/40 ')
+    gcs_server.stop_front()
+    try:
+      job.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+      pass
+    finally:
+      gcs_server.start_front()
+    if job.process.poll() is None:
+      job.wait_for(r'step 20/40 ')  # It went on.
+      # Down until the run gives up: one line, a restart code.
+      gcs_server.stop_front()
+      try:
+        code = job.wait(timeout=300)
+      finally:
+        gcs_server.start_front()
+    else:
+      code = job.wait()
+  finally:
+    job.kill()
+  assert code == errors.EXIT_PEER_FAILED, job.output[-3000:]
+  [line] = [line for line in job.output.splitlines() if 'ctl: error: ' in line]
+  assert f'The store of workdir {workdir} did not answer' in line
+  resumed = helpers.Watched(helpers.ctl_command(*args), _env(gcs_server))
+  assert resumed.wait() == 0, resumed.output[-3000:]
+  # From the latest whole checkpoint, written before the store went away.
+  step = int(re.search(r'Training from step (\d+)', resumed.output).group(1))
+  assert step >= 10
+  assert storage.read_json(storage.join(workdir, 'results.json'))['step'] == 40
