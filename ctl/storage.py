@@ -189,6 +189,8 @@ def publish_folder(staging: str, final: str, marker: str) -> None:
   goes first, then the old folder, then the files, the marker last.
   """
   if is_local(final):
+    # Named after its process: a kill's leftover is found by that name
+    # (serving/export._remove_leftovers).
     old = f'{final}.old-{os.getpid()}-{socket.gethostname()}-replaced'
     try:
       if os.path.exists(final):

@@ -185,8 +185,7 @@ class StepContext:
     for i, total in zip(present, sums):
       flat[i] = total
     gradients = tf.nest.pack_sequence_as(first_gradients, flat)
-    logs = log_sums
-    return gradients, {name: value / parts for name, value in logs.items()}
+    return gradients, {name: value / parts for name, value in log_sums.items()}
 
 
 def _split_rows(tensor: tf.Tensor, parts: int) -> tf.Tensor:

@@ -57,6 +57,8 @@ def _remove_leftovers(workdir: str) -> None:
   process's, may still be in use)."""
   if not storage.is_local(workdir):
     return  # Staged on this machine: nothing temporary there.
+  # Staging folders, and the export a replace moved aside
+  # (storage.publish_folder names it export.old-<pid>-<host>-replaced).
   for name in ('.export', f'{workdir_lib.EXPORT_DIR}.old'):
     for path in storage.glob(os.path.join(glob.escape(workdir), f'{name}-*')):
       try:

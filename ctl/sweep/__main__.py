@@ -182,9 +182,9 @@ def _local_log(trial: trials_lib.Trial) -> str:
 
 
 def _publish_log(trial: trials_lib.Trial) -> None:
+  if storage.is_local(trial.workdir):
+    return  # Written in place.
   local = _local_log(trial)
-  if local == os.path.join(trial.workdir, 'log.txt'):
-    return
   storage.append_text(os.path.join(trial.workdir, 'log.txt'),
                       storage.read_text(local) or '')
   storage.remove(local)
