@@ -382,6 +382,11 @@ def _checkpoints() -> tuple[str, list[Target]]:
             # Counting the background write as lost training time too.
             worst_share = max(worst_share,
                               (blocked + written) / default_interval)
+    for place, directory in places:
+      blocked = _position_save_time(directory('position', False))
+      lines.append(f'| data position (a shuffle buffer of 1,024 records) | '
+                   f'{place} | sync, every worker | {blocked * 1000:.1f} ms '
+                   '| - |')
   lines += ['', f'At the default interval ({default_interval:.0f} s), async '
             f'saves to local disk cost at most {worst_share:.4%} of wall time, '
             'counting the background write as lost training time.']
@@ -443,6 +448,26 @@ def _save_times(workload, async_save: bool,
     blocked.append(saved - start)
     written.append(time.perf_counter() - saved)
   return statistics.median(blocked), statistics.median(written)
+
+
+def _position_save_time(directory: str) -> float:
+  """Median seconds a pipeline's data position takes to save: on the
+  training thread, by every worker, before each checkpoint of a task that
+  returns its own tf.data pipeline."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from ctl.checkpoints import data_positions  # pylint: disable=g-import-not-at-top
+  records = tf.data.Dataset.range(100_000).map(
+      lambda index: (tf.fill([8, 8], tf.cast(index, tf.float32)), index % 10))
+  iterator = iter(records.shuffle(1024, seed=0).batch(64).prefetch(2))
+  positions = data_positions.DataPositions({'iterator': iterator}, directory,
+                                           max_to_keep=2)
+  times = []
+  for step in range(4 * _REPETITIONS.value + 1):
+    next(iterator)
+    start = time.perf_counter()
+    positions.save(step)
+    times.append(time.perf_counter() - start)
+  return statistics.median(times[1:])  # The first traces.
 
 
 _BARE_SCRIPT = r'''

@@ -186,15 +186,19 @@ class _SideEvaluation:
     """
     step = checkpoint_manager.step_of(path)
     # Beside the checkpoints, where a hard link costs nothing; on an
-    # object store, a local copy.
-    reading = (os.path.join(self._eval_dir, '.reading')
-               if storage.is_local(self._eval_dir) else
-               os.path.join(tempfile.gettempdir(), f'ctl-reading-{os.getpid()}'))
-    storage.makedirs(reading)
+    # object store, a local copy in a folder of its own, removed after.
+    local = storage.is_local(self._eval_dir)
+    if local:
+      reading = os.path.join(self._eval_dir, '.reading')
+      storage.makedirs(reading)
+    else:
+      reading = tempfile.mkdtemp(prefix='ctl-reading-')
     snapshot = os.path.join(reading, f'ckpt-{step}')
     if not checkpoint_files.snapshot_checkpoint(path, snapshot):
       logging.warning('Skipped checkpoint %s: it was deleted (rotated away '
                       'by keep_checkpoints) before it could be read.', path)
+      if not local:
+        storage.remove(reading)
       return None
     try:
       self._assembled.restore(snapshot)
@@ -207,6 +211,8 @@ class _SideEvaluation:
                         checkpoint_files.copy_checkpoint(snapshot, prefix))
     finally:
       checkpoint_files.remove_checkpoint(snapshot)
+      if not local:
+        storage.remove(reading)
     return results
 
   def close(self) -> None:

@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import ctl
 from ctl import errors
 from ctl import storage
+from ctl.data import datasets
 import helpers
 
 pytestmark = pytest.mark.slow
@@ -120,13 +122,14 @@ def test_two_workers_on_gcs_resume_after_one_is_killed(gcs_server, tmp_path):
 
 
 def test_a_side_car_on_gcs_evaluates_checkpoints_and_keeps_the_best(
-    gcs_server):
+    gcs_server, tmp_path):
   workdir = gcs_server.url('sidecar')
   command = helpers.ctl_command(*ARGS, f'--workdir={workdir}',
                                 '--config.intervals.keep_checkpoints=2')
+  # It reads local copies of the checkpoints, in the temporary folder.
   side_car = helpers.Watched([*command, '--mode=evaluate_continuously',
                               '--config.intervals.eval_steps=0'],
-                             _env(gcs_server))
+                             _env(gcs_server, TMPDIR=str(tmp_path)))
   try:
     side_car.wait_for('Evaluating each new checkpoint')
     trainer = helpers.Watched([*command, '--config.evaluation.best_metric=',
@@ -139,6 +142,7 @@ def test_a_side_car_on_gcs_evaluates_checkpoints_and_keeps_the_best(
   steps = [int(line.split('eval at step ')[1].split(':')[0])
            for line in side_car.output.splitlines() if 'eval at step ' in line]
   assert len(steps) > 1 and steps[-1] == 88 and steps == sorted(steps)
+  assert not list(tmp_path.iterdir())  # The copies removed.
   best = storage.read_json(storage.join(workdir, 'best', 'best.json'))
   assert best['step'] in steps
   assert storage.exists(storage.join(workdir, 'best', best['checkpoint'] +
@@ -218,3 +222,50 @@ def test_the_store_going_away_during_saves_loses_nothing(gcs_server):
   step = int(re.search(r'Training from step (\d+)', resumed.output).group(1))
   assert step >= 10
   assert storage.read_json(storage.join(workdir, 'results.json'))['step'] == 40
+
+
+def _upload(folder, url: str) -> None:
+  """Copies local folder `folder` (a pathlib.Path) to gs:// folder url."""
+  for path in sorted(folder.rglob('*')):
+    if path.is_file():
+      storage.makedirs(storage.join(url, str(path.parent.relative_to(folder))))
+      storage.copy(str(path), storage.join(url,
+                                            str(path.relative_to(folder))))
+
+
+def test_a_tfds_dataset_on_gcs_trains(gcs_server, tmp_path):
+  import tfds_tiny  # pylint: disable=g-import-not-at-top
+  local = tmp_path / 'tensorflow_datasets'
+  tfds_tiny.prepare(local)
+  data_dir = gcs_server.url('tfds')
+  _upload(local, data_dir)
+  workdir = gcs_server.url('tfds-run')
+  run = helpers.run_ctl(
+      f'--config={helpers.REPO}/configs/tfds_mnist.py:smoke',
+      f'--workdir={workdir}', f'--config.data.tfds.name={tfds_tiny.NAME}',
+      f'--config.data.tfds.data_dir={data_dir}',
+      '--config.data.tfds.feature_scale=0.0625', '--config.steps_per_epoch=0',
+      '--config.num_epochs=2', env=_env(gcs_server))
+  assert run.returncode == 0, run.stderr[-3000:]
+  results = storage.read_json(storage.join(workdir, 'results.json'))
+  assert results['step'] == 44 and results['eval']['accuracy'] > 0.5
+
+
+def test_an_mnist_file_on_gcs_trains(gcs_server, tmp_path):
+  """config.data.path on gs://: an .npz of MNIST's layout (digits, padded)."""
+  digits = datasets.load_digits(helpers.digits().data)
+
+  def padded(split):
+    return np.pad(split.features * 15, ((0, 0), (10, 10), (10, 10)))
+  local = tmp_path / 'mnist.npz'
+  np.savez(local, x_train=padded(digits.train), y_train=digits.train.labels,
+           x_test=padded(digits.eval), y_test=digits.eval.labels)
+  path = storage.join(gcs_server.url('mnist'), 'mnist.npz')
+  storage.makedirs(os.path.dirname(path))
+  storage.copy(str(local), path)
+  workdir = gcs_server.url('mnist-run')
+  run = helpers.run_ctl(f'--config={helpers.REPO}/configs/mnist.py:smoke',
+                        f'--workdir={workdir}', '--config.data.name=mnist',
+                        f'--config.data.path={path}', env=_env(gcs_server))
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert storage.read_json(storage.join(workdir, 'results.json'))['step']
