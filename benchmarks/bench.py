@@ -13,7 +13,8 @@ then, two fresh processes at a time taking turns of a few seconds
 against a hand-written loop of the same step over the same pipeline
 (benchmarks/user_task.py) and ctl's TFRecord task against a hand-written
 loop over the same files and step, with what saving its data position
-costs (benchmarks/tfrecord.py); then what checkpoint saves cost, the
+costs, and the files' global order (resumes on any number of workers)
+against reading them by_file (benchmarks/tfrecord.py); then what checkpoint saves cost, the
 time from process start to the first training step against a bare script,
 and two fixed costs behind ctl's design. It prints min/median/max, and
 against each target the median of paired ratios: of the repetitions (each
@@ -48,8 +49,8 @@ _REPETITIONS = flags.DEFINE_integer('repetitions', 3,
                                     lower_bound=1)
 _SECTIONS = flags.DEFINE_list(
     'sections', ['mlp', 'cnn', 'two_workers', 'user_task', 'tfrecord',
-                 'checkpoints', 'startup', 'costs'],
-    'What to measure: mlp, cnn, two_workers, user_task, tfrecord, '
+                 'elastic', 'checkpoints', 'startup', 'costs'],
+    'What to measure: mlp, cnn, two_workers, user_task, tfrecord, elastic, '
     'checkpoints, startup, costs, and (not by default) levers_mlp, '
     'levers_cnn, levers_two_workers: each speed option against the default.')
 _MARKDOWN = flags.DEFINE_string(
@@ -358,6 +359,52 @@ def _tfrecord() -> tuple[str, list[Target]]:
       Target('TFRecord files: ctl default / hand-written loop', ratio, 0.97)]
 
 
+def _elastic() -> tuple[str, list[Target]]:
+  """TFRecord files in the global order (the default) against by_file: ctl
+  training with each, in turns; one worker's pipeline alone for 1 to 8
+  workers; a restart's seconds to its first batch (benchmarks/tfrecord.py)."""
+  from benchmarks import tfrecord  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as directory:
+    tfrecord.write_shards(directory)
+    measured, ratio = _in_turns({
+        '(a) ctl, default settings: data.tfrecord.order=global': (
+            'benchmarks.tfrecord:ctl_progress', {'directory': directory}),
+        '(b) ctl, data.tfrecord.order=by_file': (
+            'benchmarks.tfrecord:ctl_progress',
+            {'directory': directory,
+             'data.tfrecord.order': 'by_file'}),
+    }, tfrecord.load_config().batch_size)
+  with tempfile.TemporaryDirectory() as directory:
+    tfrecord.write_elastic_shards(directory)
+    rates = [(workers, *(statistics.median(
+        tfrecord.pipeline_rate(directory, order, workers)
+        for _ in range(_REPETITIONS.value)) for order in ('global', 'by_file')))
+             for workers in (1, 2, 4, 8)]
+    restarts = {order: statistics.median(
+        tfrecord.restart_seconds(directory, order)
+        for _ in range(_REPETITIONS.value)) for order in ('global', 'by_file')}
+  table = _table(f'TFRecord files in the global order against by_file: the '
+                 f'digits CNN on {tfrecord.NUM_SHARDS} shards, Adam, batch 32, '
+                 'no XLA; steps/s of each window', measured)
+  lines = [
+      f'One worker\'s pipeline alone (no training), 32 examples per worker, '
+      f'on {tfrecord.ELASTIC_SHARDS} shards of the digits '
+      f'{tfrecord.ELASTIC_COPIES} times over (71,900 records); examples/s, '
+      'median:', '',
+      '| workers | global | by_file | global / by_file | records read per '
+      'record trained (global) |', '| --- | --- | --- | --- | --- |']
+  for workers, global_rate, by_file_rate in rates:
+    lines.append(f'| {workers} | {global_rate:,.0f} | {by_file_rate:,.0f} | '
+                 f'{global_rate / by_file_rate:.2f} | {workers} |')
+  lines += ['', 'A restart, seconds from building the pipeline to its first '
+            'batch at the last step of a pass (2 workers, worker 0), '
+            f'median: global (seeks by the step) {restarts["global"]:.2f} s; '
+            'by_file (restores the saved iterator) '
+            f'{restarts["by_file"]:.2f} s.']
+  return f'{table}\n\n' + '\n'.join(lines), [
+      Target('TFRecord training speed: global order / by_file', ratio, 0.97)]
+
+
 def _checkpoints() -> tuple[str, list[Target]]:
   """What a save costs training, async and not, on both models, to local
   disk and to gs:// (a GCS API server on localhost, tests/gcs_server.py,
@@ -658,6 +705,7 @@ _SECTION_FUNCTIONS = {
     'two_workers': _two_workers,
     'user_task': _user_task,
     'tfrecord': _tfrecord,
+    'elastic': _elastic,
     'checkpoints': _checkpoints,
     'startup': _startup,
     'costs': _costs,

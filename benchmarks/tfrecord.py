@@ -17,10 +17,17 @@ of CTL_STEPS steps in a process of its own, measured over its second half
 in turns with the other (benchmarks/timeslice.py says why).
 
 The save cost is that of ctl's own `DataPositions.save` of the training
-iterator mid-epoch, as ctl writes it beside each checkpoint: milliseconds
-(the training thread waits for it) and bytes on disk.
+iterator mid-epoch, as ctl writes it beside each checkpoint when the files
+are read by_file (in the global order, the default, nothing is saved):
+milliseconds (the training thread waits for it) and bytes on disk.
+
+The global order against by_file (`--sections=elastic`): ctl's training
+speed with each, in turns; one worker's pipeline alone, in examples per
+second, for 1 to 8 workers (in the global order each reads every record);
+and the seconds from a restart to the first batch at the resumed step.
 """
 
+import dataclasses
 import importlib.util
 import os
 import pathlib
@@ -29,6 +36,7 @@ import time
 from collections.abc import Callable
 
 import ml_collections
+import numpy as np
 import tensorflow as tf
 
 from benchmarks import workloads
@@ -39,6 +47,7 @@ from ctl import builtin_tasks
 from ctl.checkpoints import data_positions
 from ctl.data import datasets
 from ctl.data import inputs
+from ctl.data import tfrecord
 from ctl.data import write_tfrecords
 
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / (
@@ -83,12 +92,18 @@ def ctl_progress(directory: str, **overrides) -> Callable[[], Progress]:
   return lambda: workloads.run_progress(ctl_config(directory, **overrides))
 
 
-def _task_and_data(directory: str) -> tuple[task_lib.Task, tf.data.Dataset]:
-  """The task, built, and its training pipeline for one worker."""
-  config = ctl_config(directory)
+def _task_and_data(directory: str, **overrides
+                   ) -> tuple[task_lib.Task, tf.data.Dataset]:
+  """The task, built, and its training pipeline for one worker, as ctl
+  reads it from step 0."""
+  config = ctl_config(directory, **overrides)
   task = builtin_tasks.resolve(config.task)(config)
   task.total_steps = config.total_steps
   dataset = task.train_data(tf.distribute.InputContext())
+  if isinstance(dataset, tfrecord.GlobalBatches):
+    dataset = dataset.dataset(tf.distribute.InputContext(),
+                              global_batch_size=config.batch_size,
+                              seed=config.seed, first_step=0)
   task.build()
   return task, dataset
 
@@ -119,7 +134,8 @@ def data_position_save(directory: str, saves: int = 10,
   Returns:
     The milliseconds of each save, and the bytes of the last one's files.
   """
-  task, dataset = _task_and_data(directory)
+  task, dataset = _task_and_data(directory, **{'data.tfrecord.order':
+                                               'by_file'})
   train_input = inputs.DatasetInput(tf.distribute.get_strategy(), dataset,
                                     num_local_replicas=1)
   iterator = train_input.make_iterator([])
@@ -140,3 +156,81 @@ def data_position_save(directory: str, saves: int = 10,
     size = sum(os.path.getsize(path) for path in tf.io.gfile.glob(
         prefix + '.*'))
   return milliseconds, size
+
+
+ELASTIC_SHARDS = 16
+ELASTIC_COPIES = 50  # The digits 50 times over: 71,900 training records.
+
+
+def write_elastic_shards(directory: str) -> None:
+  """The digits, ELASTIC_COPIES times over, as ELASTIC_SHARDS shards: enough
+  files for 8 workers to read their own by_file, and records enough for a
+  restart to seek far into a pass."""
+  config = load_config()
+  data = datasets.load(config.data)
+  train = datasets.Split(np.tile(data.train.features,
+                                 (ELASTIC_COPIES, 1, 1)),
+                         np.tile(data.train.labels, ELASTIC_COPIES))
+  write_tfrecords.write(dataclasses.replace(data, train=train), directory,
+                        ELASTIC_SHARDS, config.data.name)
+
+
+def _worker_pipeline(directory: str, order: str, num_workers: int,
+                     first_step: int = 0):
+  """Worker 0's pipeline of num_workers, 32 examples per replica (one
+  replica a worker), as ctl builds it: (dataset, its global batch size)."""
+  batch = 32 * num_workers
+  config = ctl_config(directory, batch_size=batch,
+                      **{'data.tfrecord.order': order})
+  task = builtin_tasks.resolve(config.task)(config)
+  context = tf.distribute.InputContext(num_input_pipelines=num_workers,
+                                       input_pipeline_id=0,
+                                       num_replicas_in_sync=num_workers)
+  data = task.train_data(context)
+  if isinstance(data, tfrecord.GlobalBatches):
+    data = data.dataset(context, global_batch_size=batch, seed=config.seed,
+                        first_step=first_step)
+  return data, batch
+
+
+def pipeline_rate(directory: str, order: str, num_workers: int,
+                  batches: int = 600) -> float:
+  """Examples per second that one worker's pipeline yields alone, nothing
+  training: how fast it reads, parses and batches its share."""
+  dataset, _ = _worker_pipeline(directory, order, num_workers)
+  iterator = iter(dataset)
+  for _ in range(50):  # Warm: files opened, threads started.
+    next(iterator)
+  start = time.perf_counter()
+  for _ in range(batches):
+    next(iterator)
+  return 32 * batches / (time.perf_counter() - start)
+
+
+def restart_seconds(directory: str, order: str, num_workers: int = 2
+                    ) -> float:
+  """Seconds from building worker 0's pipeline to its first batch at the
+  last step of a pass (the farthest a restart seeks), resumed as ctl
+  resumes it: global, by its step; by_file, by restoring the iterator
+  saved there."""
+  probe, batch = _worker_pipeline(directory, order, num_workers)
+  if order == 'global':
+    steps = ELASTIC_COPIES * 1438 // batch
+    start = time.perf_counter()
+    dataset, _ = _worker_pipeline(directory, order, num_workers,
+                                  first_step=steps - 1)
+    next(iter(dataset))
+    return time.perf_counter() - start
+  iterator = iter(probe)
+  steps = ELASTIC_COPIES * 1438 // 2 // batch  # by_file: its own half.
+  for _ in range(steps - 1):
+    next(iterator)
+  with tempfile.TemporaryDirectory() as scratch:
+    path = tf.train.Checkpoint(iterator=iterator).write(
+        os.path.join(scratch, 'position'))
+    start = time.perf_counter()
+    dataset, _ = _worker_pipeline(directory, order, num_workers)
+    restored = iter(dataset)
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    next(restored)
+    return time.perf_counter() - start

@@ -44,9 +44,15 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # Each split's files, globs within dir.
   config.data.tfrecord.train_pattern = 'train-*-of-*.tfrecord'
   config.data.tfrecord.eval_pattern = 'eval-*-of-*.tfrecord'
-  # Serialized records shuffled at once (saved with the data position).
+  # 'global': one order of records and global batches whatever the
+  # number of workers; the position is the step, so a run resumes on
+  # another number of workers (each worker reads every record and keeps
+  # its share). 'by_file': each worker reads only its own files; its
+  # position is saved, and a resume needs the same number of workers.
+  config.data.tfrecord.order = 'global'
+  # Serialized records shuffled at once, each block of this many.
   config.data.tfrecord.shuffle_buffer = 512
-  config.data.tfrecord.cycle_length = 4  # Files read at once.
+  config.data.tfrecord.cycle_length = 4  # Files read at once (ahead).
   # Augmentation: shift each training image by up to this many pixels.
   config.data.tfrecord.shift = 0
   return config

@@ -56,9 +56,15 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # Images stay uint8 in the pipeline (a small saved position); the step
   # multiplies them by this: 1/255 maps pixels to [0, 1].
   config.data.tfds.feature_scale = 1 / 255
-  # Serialized records shuffled at once (saved with the data position).
+  # 'global': one order of records and global batches whatever the
+  # number of workers; the position is the step, so a run resumes on
+  # another number of workers (each worker reads every record and keeps
+  # its share). 'by_file': each worker reads only its own files; its
+  # position is saved, and a resume needs the same number of workers.
+  config.data.tfds.order = 'global'
+  # Serialized records shuffled at once, each block of this many.
   config.data.tfds.shuffle_buffer = 1024
-  config.data.tfds.cycle_length = 4  # Files read at once.
+  config.data.tfds.cycle_length = 4  # Files read at once (ahead).
   # Augmentation: shift each training image by up to this many pixels.
   config.data.tfds.shift = 0
   if variant == 'smoke':

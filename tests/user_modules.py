@@ -327,3 +327,66 @@ class PythonControlFlow(NoisyRegression):
         zip(gradients, self.model.trainable_variables))
     return {'loss': tf.reduce_mean(per_example), 'kernel': kernel,
             'flow': total + tf.cast(count, tf.float32) + frozen}
+
+
+class IdRecords(ctl.Task):
+  """A user's task over TFRecord files (config.data.path, a glob) of
+  records {'id', 'x', 'y'}, read in ctl's global order: it resumes on any
+  number of workers. Each replica prints the ids of its batch at each step
+  ("ids <step> [...]"), so a test can compare global batches.
+  """
+
+  SPEC = {'id': tf.io.FixedLenFeature([], tf.int64),
+          'x': tf.io.FixedLenFeature([4], tf.float32),
+          'y': tf.io.FixedLenFeature([1], tf.float32)}
+
+  def build(self):
+    self.model = keras.Sequential([
+        keras.Input((4,)), keras.layers.Dense(16, activation='relu'),
+        keras.layers.Dense(1)])
+    self.optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    self.optimizer.build(self.model.trainable_variables)
+
+  def train_data(self, context):
+    del context  # ctl gives each worker its share of each global batch.
+    source = ctl.TFRecordSource(self.config.data.path, self.SPEC)
+
+    def decode(features, seed):
+      noise = tf.random.stateless_normal([4], seed)  # Augmentation.
+      return features['id'], features['x'] + 0.01 * noise, features['y']
+
+    return source.global_batches(decode=decode, shuffle_buffer=64,
+                                 cycle_length=2)
+
+  def train_step(self, batch, ctx):
+    ids, x, y = batch
+    tf.print('ids', ctx.step, ids, summarize=-1)
+    with tf.GradientTape() as tape:
+      per_example = tf.reduce_mean(
+          tf.square(self.model(x, training=True) - y), axis=-1)
+      loss = tf.nn.compute_average_loss(
+          per_example, global_batch_size=ctx.global_batch_size)
+    gradients = tape.gradient(loss, self.model.trainable_variables)
+    self.optimizer.apply_gradients(
+        zip(gradients, self.model.trainable_variables))
+    return {'loss': tf.reduce_mean(per_example)}
+
+
+def write_id_records(directory, counts=(130, 110, 120, 140, 100)) -> str:
+  """TFRecord files of IdRecords's records, ids 0.. across the files, of
+  uneven sizes; returns their glob."""
+  rng = np.random.default_rng(0)
+  first = 0
+  for index, count in enumerate(counts):
+    with tf.io.TFRecordWriter(f'{directory}/part-{index}.tfrecord') as writer:
+      for record_id in range(first, first + count):
+        x = rng.normal(size=4).astype(np.float32)
+        y = float(x @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.3)
+        writer.write(tf.train.Example(features=tf.train.Features(feature={
+            'id': tf.train.Feature(
+                int64_list=tf.train.Int64List(value=[record_id])),
+            'x': tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+            'y': tf.train.Feature(float_list=tf.train.FloatList(value=[y])),
+        })).SerializeToString())
+    first += count
+  return f'{directory}/part-*.tfrecord'

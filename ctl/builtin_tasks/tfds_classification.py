@@ -14,7 +14,6 @@ Needs the optional extra: `pip install -e ".[tfds]"`.
 
 from typing import Any
 
-import ml_collections
 import tensorflow as tf
 
 from ctl import errors
@@ -25,8 +24,7 @@ from ctl.builtin_tasks import tfrecord_classification
 class TFDSClassification(tfrecord_classification.TFRecordClassification):
   """Classifies the images of a prepared TFDS dataset (logits out)."""
 
-  def _reading(self) -> ml_collections.ConfigDict:
-    return self.config.data.tfds
+  _reading_key = 'tfds'
 
   def _decode(self, features, seed):
     """TFDS's decoded (image, label) as (image, int32 label), shifted at

@@ -47,9 +47,18 @@ class TFRecordClassification(classification.Classification):
   """Classifies the images of TFRecord shards (logits out)."""
 
   def train_data(self, context: tf.distribute.InputContext
-                 ) -> tf.data.Dataset:
+                 ) -> tf.data.Dataset | tfrecord.GlobalBatches:
     settings = self._reading()
     source = self._source('train')
+    if settings.order == 'global':
+      self._steps_per_pass = None  # ctl counts global batches.
+      return source.global_batches(decode=self._decode,
+                                   shuffle_buffer=settings.shuffle_buffer,
+                                   cycle_length=settings.cycle_length)
+    if settings.order != 'by_file':
+      raise errors.ConfigError(
+          f"config.data.{self._reading_key}.order={settings.order!r}: use "
+          "'global' (resumes on any number of workers) or 'by_file'.")
     per_replica_batch_size = context.get_per_replica_batch_size(
         self.config.batch_size)
     # The dataset is endless (it counts its own epochs, to shuffle each
@@ -63,7 +72,7 @@ class TFRecordClassification(classification.Classification):
         shuffle_buffer=settings.shuffle_buffer,
         cycle_length=settings.cycle_length)
 
-  def train_steps_per_epoch(self) -> int:
+  def train_steps_per_epoch(self) -> int | None:
     return self._steps_per_pass
 
   def eval_data(self, context: tf.distribute.InputContext
@@ -81,9 +90,11 @@ class TFRecordClassification(classification.Classification):
   def eval_step(self, batch, ctx: task_lib.StepContext) -> dict:
     return super().eval_step(self._scale(batch), ctx)
 
+  _reading_key = 'tfrecord'  # config.data's section of the settings below.
+
   def _reading(self) -> ml_collections.ConfigDict:
-    """The config section of shuffle_buffer, cycle_length and shift."""
-    return self.config.data.tfrecord
+    """The config section of order, shuffle_buffer, cycle_length, shift."""
+    return self.config.data[self._reading_key]
 
   def _decode(self, features, seed):
     """A record's (uint8 image, int32 label), shifted at random when

@@ -1,9 +1,13 @@
 """A task's training data as the step loop reads it, and its saved position.
 
-Two kinds, one interface (used inside ctl's tf.functions):
+Three kinds, one interface (used inside ctl's tf.functions):
 - `InMemoryInput`: ctl.InMemory arrays. The position is the step: the
   pipeline yields each loop's example indices, a pure function of (seed,
   step), and each replica gathers its batch.
+- `GlobalOrderInput`: files read in one global order
+  (`ctl.data.tfrecord.GlobalBatches`, from TFRecord or TFDS). The position
+  is the step too: each worker's pipeline starts at the resumed step's
+  global batch, whatever the number of workers that wrote the checkpoint.
 - `DatasetInput`: a task's own tf.data.Dataset of per-replica batches, any
   structure. Each worker reads its dataset through a plain iterator, whose
   state is checkpointed: the iterators of `distribute_datasets_from_function`
@@ -25,11 +29,13 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl.data import in_memory
+from ctl.data import tfrecord
 
 
 class InMemoryInput:
   """Batches gathered from arrays, in an order decided by (seed, step)."""
 
+  kind = 'in-memory data'
   checkpointable = {}  # The step is the position: nothing else to save.
   dataset = None  # No pipeline of the task's own.
 
@@ -72,6 +78,8 @@ class InMemoryInput:
 class DatasetInput:
   """Per-replica batches from each worker's own tf.data.Dataset."""
 
+  kind = "the task's tf.data pipeline"
+
   def __init__(self, strategy: tf.distribute.Strategy,
                dataset: tf.data.Dataset, num_local_replicas: int):
     self._strategy = strategy
@@ -99,6 +107,35 @@ class DatasetInput:
     return self._strategy.experimental_distribute_values_from_function(
         lambda context: elements[
             context.replica_id_in_sync_group % self._num_local_replicas])
+
+
+class GlobalOrderInput(DatasetInput):
+  """Per-replica batches of files in one global order: nothing saved."""
+
+  kind = 'files in one global order'
+  checkpointable = {}  # The step is the position.
+  dataset = None  # Made at make_iterator, from the step.
+
+  def __init__(self, strategy: tf.distribute.Strategy,
+               data: tfrecord.GlobalBatches, *,
+               context: tf.distribute.InputContext, seed: int,
+               global_batch_size: int, num_local_replicas: int):
+    # pylint: disable=super-init-not-called
+    self._strategy = strategy
+    self._num_local_replicas = num_local_replicas
+    self._data = data
+    self._context = context
+    self._seed = seed
+    self._global_batch_size = global_batch_size
+    self._iterator = None
+
+  def make_iterator(self, loops):
+    """The iterator from the first loop's first step on."""
+    with tf.device('/cpu:0'):
+      self._iterator = iter(self._data.dataset(
+          self._context, global_batch_size=self._global_batch_size,
+          seed=self._seed, first_step=loops.start))
+    return self._iterator
 
 
 def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int,
@@ -135,12 +172,18 @@ def input_context(strategy: tf.distribute.Strategy, worker_index: int,
 
 
 def train_input(strategy: tf.distribute.Strategy, train_data, *, seed: int,
-                length, pad_loops_to: int | None, num_local_replicas: int):
+                length, pad_loops_to: int | None, num_local_replicas: int,
+                context: tf.distribute.InputContext):
   """The step loop's view of a task's training data (see above); length:
-  the run's TrainingLength."""
+  the run's TrainingLength; context: this worker's input context."""
   if isinstance(train_data, in_memory.InMemory):
     return InMemoryInput(
         strategy, train_data, seed=seed,
         global_batch_size=length.global_batch_size,
         steps_per_epoch=length.steps_per_epoch, pad_loops_to=pad_loops_to)
+  if isinstance(train_data, tfrecord.GlobalBatches):
+    return GlobalOrderInput(
+        strategy, train_data, context=context, seed=seed,
+        global_batch_size=length.global_batch_size,
+        num_local_replicas=num_local_replicas)
   return DatasetInput(strategy, train_data, num_local_replicas)

@@ -206,6 +206,11 @@ class TFDSSource(tfrecord.TFRecordSource):
     return super().train_dataset(context, decode=self._decoding(decode),
                                  **kwargs)
 
+  def global_batches(self, *, decode: tfrecord.Decode,
+                     **kwargs) -> tfrecord.GlobalBatches:
+    """TFRecordSource.global_batches, decode given TFDS's features."""
+    return super().global_batches(decode=self._decoding(decode), **kwargs)
+
   def eval_dataset(self, context: tf.distribute.InputContext, *,
                    decode: tfrecord.Decode, **kwargs) -> tf.data.Dataset:
     """TFRecordSource.eval_dataset, decode given TFDS's features."""

@@ -221,6 +221,22 @@ class TFRecordSource:
     return examples.batch(per_replica_batch_size, drop_remainder=True
                           ).prefetch(tf.data.AUTOTUNE)
 
+  def global_batches(self, *, decode: Decode, shuffle_buffer: int = 1024,
+                     cycle_length: int = 4) -> 'GlobalBatches':
+    """These records as training data in one global order, which a task's
+    train_data returns instead of a dataset: its position is the step, so
+    a run resumes on any number of workers (see GlobalBatches).
+
+    Args:
+      decode: as for train_dataset; its seed is one of (seed, epoch,
+        the record's place in the epoch), whichever worker reads it.
+      shuffle_buffer: records shuffled together: each block of this many
+        consecutive records of the epoch's files is permuted.
+      cycle_length: files read ahead at once (their order is kept).
+    """
+    return GlobalBatches(self, decode, shuffle_buffer=shuffle_buffer,
+                         cycle_length=cycle_length)
+
   def eval_dataset(self, context: tf.distribute.InputContext, *,
                    per_replica_batch_size: int, decode: Decode
                    ) -> tf.data.Dataset:
@@ -252,6 +268,124 @@ class TFRecordSource:
         'files as workers so that each reads only its own.', len(self.files),
         self.pattern, num_pipelines, num_pipelines)
     return self.files, True
+
+
+class GlobalBatches:
+  """A source's records in one global order, cut into global batches.
+
+  The data's epoch e (one pass over the records: steps_per_pass() global
+  batches, ctl's epoch unless config.steps_per_epoch says otherwise) reads
+  the files in an order drawn from (seed, e), one after the other, and
+  permutes each block of shuffle_buffer consecutive records by (seed, e,
+  block): record i of the epoch, and so global batch b (records [b * G,
+  (b + 1) * G) for a global batch of G), is the same on any number of
+  workers and replicas. Every worker reads the whole stream and keeps its
+  replicas' share of each global batch, dropping the other records before
+  they are parsed. The position is the step: at step s every worker starts
+  reading at record (s mod steps_per_pass) * G of its epoch, seeking to the
+  file that holds the block around it (the files' record counts say which)
+  and skipping that file's records before it. Nothing is saved, so a run
+  stopped on N workers resumes exactly on M.
+
+  Its cost against a dataset sharded by file (train_dataset): each worker
+  reads every record, N times what it trains on (BENCHMARKS.md measures
+  it); the files are read in sequence, cycle_length of them read ahead.
+  """
+
+  def __init__(self, source: TFRecordSource, decode: Decode, *,
+               shuffle_buffer: int, cycle_length: int):
+    if shuffle_buffer < 1 or cycle_length < 1:
+      raise errors.ConfigError(
+          f'shuffle_buffer={shuffle_buffer} and cycle_length={cycle_length} '
+          'must each be at least 1.')
+    self.source = source
+    self._decode = decode
+    self._shuffle_buffer = shuffle_buffer
+    self._cycle_length = cycle_length
+
+  def steps_per_pass(self, global_batch_size: int) -> int:
+    """Global batches in one pass over the records (ctl's epoch, unless
+    config.steps_per_epoch says otherwise).
+
+    Raises:
+      CtlError: too few records for one global batch.
+    """
+    steps = len(self.source) // global_batch_size
+    if not steps:
+      raise errors.CtlError(
+          f'The files {self.source.pattern!r} hold {len(self.source)} '
+          f'records: too few for one global batch of {global_batch_size}.')
+    return steps
+
+  def dataset(self, context: tf.distribute.InputContext, *,
+              global_batch_size: int, seed: int,
+              first_step: int) -> tf.data.Dataset:
+    """This worker's per-replica batches from global step first_step on,
+    endless: its local replicas' shares of each global batch, one replica
+    after the other. Pass after pass over the records, each of
+    steps_per_pass() global batches (whatever ctl's epoch is)."""
+    per_replica = context.get_per_replica_batch_size(global_batch_size)
+    share = _local_replicas(context) * per_replica
+    share_start = context.input_pipeline_id * share
+    steps_per_pass = self.steps_per_pass(global_batch_size)
+    epoch_records = steps_per_pass * global_batch_size  # Whole batches.
+    first_epoch, first_batch = divmod(first_step, steps_per_pass)
+    files = tf.constant(self.source.files)
+    counts = tf.constant(self.source.counts, tf.int64)
+    block = self._shuffle_buffer
+    longest = max(self.source.counts)
+
+    def read_from(epoch, start):
+      """The epoch's records from record `start` on (a block's first)."""
+      order = tf.random.experimental.stateless_shuffle(
+          tf.range(len(self.source.files)), seed=augment.seeds(seed, epoch))
+      ordered_counts = tf.gather(counts, order)
+      ends = tf.cumsum(ordered_counts)
+      first = tf.searchsorted(ends, tf.reshape(start, [1]),
+                              side='right')[0]
+      skips = tf.concat([[start - ends[first] + ordered_counts[first]],
+                         tf.zeros_like(ordered_counts[first + 1:])], axis=0)
+      # A block as long as the longest file: each file whole, in order,
+      # while the next cycle_length - 1 are read ahead.
+      return tf.data.Dataset.from_tensor_slices(
+          (tf.gather(files, order)[first:], skips)).interleave(
+              in_memory.plain(lambda name, skip: tf.data.TFRecordDataset(
+                  name).skip(skip)),
+              cycle_length=min(self._cycle_length, len(self.source.files)),
+              block_length=longest, num_parallel_calls=tf.data.AUTOTUNE,
+              deterministic=True)
+
+    def one_epoch(epoch):
+      """(epoch, index in the epoch, record) of this worker's shares."""
+      start = tf.where(tf.equal(epoch, first_epoch),
+                       tf.constant(first_batch * global_batch_size, tf.int64),
+                       tf.constant(0, tf.int64))
+      block_start = start // block * block
+      blocks = read_from(epoch, block_start).take(
+          epoch_records - block_start).batch(block).enumerate(
+              block_start // block).map(in_memory.plain(
+                  lambda index, records: tf.gather(
+                      records, tf.random.experimental.stateless_shuffle(
+                          tf.range(tf.shape(records)[0]),
+                          seed=augment.seeds(seed, epoch, index, -1)))))
+      records = blocks.unbatch().skip(start - block_start)
+      batches = tf.data.Dataset.zip(
+          tf.data.Dataset.range(start, epoch_records), records).batch(
+              global_batch_size, drop_remainder=True)
+      return batches.map(in_memory.plain(lambda index, record: (
+          tf.fill([share], epoch), index[share_start:share_start + share],
+          record[share_start:share_start + share]))).unbatch()
+
+    def parse_and_decode(epoch, index, record):
+      features = tf.io.parse_single_example(record, self.source.spec)
+      return self._decode(features, augment.seeds(seed, epoch, index))
+
+    examples = tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(
+        in_memory.plain(one_epoch)).map(
+            in_memory.plain(parse_and_decode),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return examples.batch(per_replica, drop_remainder=True).prefetch(
+        tf.data.AUTOTUNE)
 
 
 def _pipeline_records(counts: Sequence[int], num_pipelines: int,

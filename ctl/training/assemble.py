@@ -18,6 +18,7 @@ from ctl import task as task_lib
 from ctl import builtin_tasks
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.data import inputs
+from ctl.data import tfrecord
 from ctl.cluster import distribution
 from ctl.runtime import tf_internals
 from ctl.training import ema
@@ -109,6 +110,9 @@ def training_length(config, train_data, local_replicas: int,
   if isinstance(train_data, task_lib.InMemory):
     steps_per_epoch = state_lib.in_memory_steps_per_epoch(config,
                                                           len(train_data))
+  elif isinstance(train_data, tfrecord.GlobalBatches):
+    steps_per_epoch = (config.steps_per_epoch or
+                       train_data.steps_per_pass(config.batch_size))
   elif isinstance(train_data, tf.data.Dataset):
     # A step takes one element for each of this worker's replicas.
     steps_per_epoch = inputs.steps_per_epoch_of(
@@ -116,6 +120,6 @@ def training_length(config, train_data, local_replicas: int,
   else:
     raise errors.CtlError(
         f'The task\'s train_data returned {type(train_data).__name__}; it '
-        'must return a tf.data.Dataset of per-replica batches or '
-        'ctl.InMemory.')
+        'must return a tf.data.Dataset of per-replica batches, '
+        'ctl.InMemory, or ctl.data.tfrecord.GlobalBatches.')
   return state_lib.training_length(config, steps_per_epoch)

@@ -4,6 +4,7 @@ checkpoint holds, and how long training lasts."""
 import dataclasses
 import hashlib
 
+from absl import logging
 import ml_collections
 import numpy as np
 import tensorflow as tf
@@ -26,6 +27,8 @@ class TrainState:
     self.step = self._counter('step')
     self.epoch = self._counter('epoch')
     self.step_in_epoch = self._counter('step_in_epoch')
+    # How many workers trained up to the checkpoint (0: not recorded).
+    self.num_workers = self._counter('num_workers')
 
   @staticmethod
   def _counter(name: str) -> tf.Variable:
@@ -44,7 +47,8 @@ class TrainState:
 
   def checkpointable(self) -> dict[str, tf.Variable]:
     return {'step': self.step, 'epoch': self.epoch,
-            'step_in_epoch': self.step_in_epoch}
+            'step_in_epoch': self.step_in_epoch,
+            'num_workers': self.num_workers}
 
   def check_resumable(self, steps_per_epoch: int) -> None:
     """Fails if the config cuts epochs differently from the checkpoint's."""
@@ -74,6 +78,19 @@ class TrainingLength:
     return -(-self.total_steps // self.steps_per_epoch)
 
 
+def note_workers(state: TrainState, num_workers: int,
+                 data_kind: str) -> None:
+  """Logs a resume on another number of workers than the checkpoint's
+  (data_kind: what keeps the data order, e.g. 'in-memory data'), and
+  records this job's number for the next checkpoint."""
+  written_by = int(state.num_workers.numpy())
+  if written_by and written_by != num_workers:
+    logging.info('Resumed on %d worker(s); the checkpoint was written by %d; '
+                 'same data order (%s: the position is the step).',
+                 num_workers, written_by, data_kind)
+  state.num_workers.assign(num_workers)
+
+
 def check_batch_sizes(config: ml_collections.ConfigDict,
                       num_replicas: int) -> None:
   """Raises ConfigError if a batch does not divide across the replicas (a
@@ -87,9 +104,13 @@ def check_batch_sizes(config: ml_collections.ConfigDict,
       into = (f'{num_replicas} replica(s) x config.accumulate_steps='
               f'{accumulate} micro-batches' if parts != num_replicas else
               f'{num_replicas} replicas of this job')
+      fits = [count for count in range(1, batch_size + 1)
+              if batch_size % (count * parts // num_replicas) == 0]
       raise errors.ConfigError(
           f'config.{key}={batch_size} does not divide across the {into}: '
-          f'use a multiple of {parts}.')
+          f'use a multiple of {parts}, or (to resume a run with this batch) '
+          f'a number of replicas that divides it: '
+          f'{", ".join(map(str, fits[:12]))}{", ..." if len(fits) > 12 else ""}.')
 
 
 def training_length(config: ml_collections.ConfigDict,

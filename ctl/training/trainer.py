@@ -75,7 +75,8 @@ class Trainer:
         strategy, assembled.train_data, seed=config.seed, length=self.length,
         pad_loops_to=(config.steps_per_loop if self.jit_compile == 'loop'
                       else None),
-        num_local_replicas=distribution.local_replicas(strategy))
+        num_local_replicas=distribution.local_replicas(strategy),
+        context=self.context)
     self.data_positions = data_positions.DataPositions(
         self.train_input.checkpointable,
         workdir_lib.data_position_dir(workdir),
@@ -124,6 +125,8 @@ class Trainer:
                                      self.config.init_select)
     if self.task_info.num_workers > 1:
       state_lib.check_workers_agree(self.strategy, self.state)
+    state_lib.note_workers(self.state, self.task_info.num_workers,
+                           self.train_input.kind)
     step = int(self.state.step.numpy())
     results = workdir_lib.read_results(self.workdir)
     # An action's stop is in the checkpoint it saved (self._stopped).

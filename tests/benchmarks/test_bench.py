@@ -81,6 +81,18 @@ def test_the_tfrecord_contenders_train_and_the_data_save_is_measured(
   assert 1000 < size < 100_000  # About 12 KB: positions, not records.
 
 
+def test_the_elastic_section_s_measures_run(tmp_path):
+  directory = str(tmp_path / 'shards')
+  tfrecord.write_shards(directory)
+  _assert_progress_to(tfrecord.ctl_progress(
+      directory, total_steps=300, **{'data.tfrecord.order': 'by_file'})(), 300)
+  many = str(tmp_path / 'many')
+  tfrecord.write_elastic_shards(many)
+  for order in ('global', 'by_file'):
+    assert tfrecord.pipeline_rate(many, order, 4, batches=20) > 0
+    assert 0 < tfrecord.restart_seconds(many, order) < 60
+
+
 def test_processes_in_turns_run_only_in_their_own_windows():
   # Two real processes, each stopped (SIGSTOP) outside its turns.
   # About 1-3 s of work each: several turns of 0.3 s, however fast.

@@ -324,15 +324,17 @@ def test_the_smoke_config_writes_its_shards_then_trains(tmp_path):
   assert (tmp_path / 'shards' / 'features.json').exists()
   assert results['step'] == 2 * 44  # 1438 // 32 steps an epoch.
   assert results['eval']['accuracy'] > 0.85
-  assert list((tmp_path / 'work' / 'checkpoints' / 'data').glob(
-      '*/ckpt-88.index'))
+  # In one global order the position is the step: no data position saved.
+  assert not (tmp_path / 'work' / 'checkpoints' / 'data').exists()
 
 
 @pytest.mark.parametrize('fields, message', [
     ({'data.tfrecord.prepare': False}, r'data directory .*shards .*does not '
      'exist'),
     ({'data.tfrecord.train_pattern': 'trian-*'}, r"No file matches '.*trian"),
-], ids=['missing_directory', 'bad_glob'])
+    ({'data.tfrecord.order': 'random'}, r"config.data.tfrecord.order='random'"
+     r": use 'global' .* or 'by_file'"),
+], ids=['missing_directory', 'bad_glob', 'bad_order'])
 def test_bad_input_stops_the_task_before_anything_is_written(
     tmp_path, fields, message):
   with pytest.raises(errors.CtlError, match=message):
@@ -424,9 +426,11 @@ TOTAL_STEPS = 88  # The smoke config: 2 epochs of 44 steps.
 
 
 @pytest.mark.slow
-def test_two_workers_stopped_mid_epoch_resume_bit_identically(tmp_path):
-  """4 shards, 2 workers, shifted images: SIGTERM to worker 1, restart."""
+def test_two_workers_reading_by_file_resume_bit_identically(tmp_path):
+  """4 shards, 2 workers, shifted images: SIGTERM to worker 1, restart;
+  each worker reading its own files, its position saved (by_file)."""
   args = (f'--config={CONFIG}:smoke', '--config.deterministic=True',
+          '--config.data.tfrecord.order=by_file',
           '--config.data.tfrecord.shift=1', '--config.intervals.log_steps=1',
           f'--config.data.tfrecord.dir={tmp_path / "shards"}')
 
@@ -465,3 +469,49 @@ def test_two_workers_stopped_mid_epoch_resume_bit_identically(tmp_path):
   for job in resumed:
     assert f'Training from step {step} to {TOTAL_STEPS}' in job.output
     assert helpers.fingerprint(job.output) == expected
+
+
+def _global_batches(batches: tfrecord.GlobalBatches, *, num_pipelines: int,
+                    num_replicas: int, first_step: int, num_steps: int):
+  """[(images, labels)] of each global step from first_step: every
+  pipeline's per-replica batches, put together in replica order."""
+  local = num_replicas // num_pipelines
+  shares = []
+  for pipeline in range(num_pipelines):
+    context = tf.distribute.InputContext(
+        num_input_pipelines=num_pipelines, input_pipeline_id=pipeline,
+        num_replicas_in_sync=num_replicas)
+    dataset = batches.dataset(context, global_batch_size=12, seed=3,
+                              first_step=first_step)
+    shares.append(list(dataset.take(num_steps * local).as_numpy_iterator()))
+  steps = []
+  for step in range(num_steps):
+    parts = [share[step * local + replica] for share in shares
+             for replica in range(local)]
+    steps.append((np.concatenate([images for images, _ in parts]),
+                  np.concatenate([labels for _, labels in parts])))
+  return steps
+
+
+def test_global_batches_are_the_same_on_any_number_of_pipelines(tmp_path):
+  # 5 files of 37 records: 15 global batches of 12 a pass, 5 left out.
+  source = tfrecord.TFRecordSource(_write_files(tmp_path, 5, 37), SPEC)
+  batches = source.global_batches(decode=_decode, shuffle_buffer=16,
+                                  cycle_length=3)
+  assert batches.steps_per_pass(12) == 15
+  reference = _global_batches(batches, num_pipelines=1, num_replicas=1,
+                              first_step=0, num_steps=40)
+  first_pass = np.concatenate([labels for _, labels in reference[:15]])
+  assert len(set(first_pass)) == 180  # No record twice in a pass.
+  second_pass = np.concatenate([labels for _, labels in reference[15:30]])
+  assert list(first_pass) != list(second_pass)  # Reshuffled.
+  # From the start, mid-block, at a pass's last step and after it.
+  for pipelines, replicas, first_step in ((2, 2, 0), (3, 3, 7), (2, 4, 14),
+                                          (1, 3, 17), (3, 3, 30)):
+    got = _global_batches(batches, num_pipelines=pipelines,
+                          num_replicas=replicas, first_step=first_step,
+                          num_steps=40 - first_step)
+    for step, (images, labels) in enumerate(got, start=first_step):
+      want_images, want_labels = reference[step]
+      np.testing.assert_array_equal(labels, want_labels)
+      np.testing.assert_array_equal(images, want_images)  # The noise too.
