@@ -1,7 +1,7 @@
 """TFDS input: a tiny dataset prepared offline in the test (tests/tfds_tiny.py),
 read by TFDSSource (each worker its own files, exact resume), the
-tfds_mnist config trained by ctl.main and stopped by SIGTERM, and the
-errors for what is missing."""
+tfds_mnist config trained by ctl.main, stopped by SIGTERM on 2 workers and
+resumed on 1 (the global order), and the errors for what is missing."""
 
 import collections
 import os
@@ -238,47 +238,14 @@ def _start(data_dir, workdir, num_workers=1) -> list[helpers.Watched]:
 
 @pytest.fixture(scope='module')
 def reference(data_dir, tmp_path_factory):
-  """An uninterrupted run on 1 worker: (its weights' fingerprint, workdir)."""
+  """The workdir of an uninterrupted run on 1 worker."""
   workdir = tmp_path_factory.mktemp('reference')
   [job] = _start(data_dir, workdir)
   assert job.wait() == 0, job.output[-3000:]
   results = helpers.read_results(workdir)
   assert results['step'] == TOTAL_STEPS
   assert results['eval']['accuracy'] > 0.5  # Chance: 0.1.
-  return helpers.fingerprint(job.output), workdir
-
-
-def test_stopped_by_sigterm_mid_epoch_resumes_bit_identically(
-    data_dir, reference, tmp_path):
-  """SIGTERM at step 30, restart."""
-  expected, _ = reference
-  assert expected
-
-  def start(workdir):
-    return _start(data_dir, workdir)[0]
-
-  for attempt in range(3):
-    workdir = tmp_path / f'attempt{attempt}'
-    job = start(workdir)
-    job.wait_for(r'step 30/')  # Epoch 2, step 8 of 22.
-    job.process.send_signal(signal.SIGTERM)
-    code = job.wait()
-    if code == errors.EXIT_PREEMPTED:
-      break
-    # On a loaded machine the job may finish before the signal takes effect.
-    assert code == 0, job.output[-3000:]
-  else:
-    pytest.fail('The job finished before SIGTERM in all 3 attempts')
-  step = int(re.search(r'Stopped by SIGTERM after step (\d+)',
-                       job.output).group(1))
-  assert 30 <= step < TOTAL_STEPS and step % 22
-  assert list(workdir.glob(f'checkpoints/ckpt-{step}.index'))
-  assert not (workdir / 'checkpoints' / 'data').exists()  # Step = position.
-
-  resumed = start(workdir)
-  assert resumed.wait() == 0, resumed.output[-3000:]
-  assert f'Training from step {step} to {TOTAL_STEPS}' in resumed.output
-  assert helpers.fingerprint(resumed.output) == expected
+  return workdir
 
 
 @pytest.mark.slow
@@ -312,10 +279,11 @@ def test_stopped_on_two_workers_resumes_on_one(data_dir, reference,
       jobs[0].output[-3000:])
   step = int(re.search(r'Stopped by SIGTERM after step (\d+)',
                        jobs[0].output).group(1))
+  assert not (workdir / 'checkpoints' / 'data').exists()  # Step = position.
   [resumed] = _start(data_dir, workdir)
   assert resumed.wait() == 0, resumed.output[-3000:]
   assert f'Training from step {step} to {TOTAL_STEPS}' in resumed.output
   assert ('Resumed on 1 worker(s); the checkpoint was written by 2; same '
           'data order') in resumed.output
   final = f'checkpoints/ckpt-{TOTAL_STEPS}'
-  helpers.assert_same_model(workdir / final, reference[1] / final, atol=1e-5)
+  helpers.assert_same_model(workdir / final, reference / final, atol=1e-5)
