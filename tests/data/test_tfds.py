@@ -286,4 +286,6 @@ def test_stopped_on_two_workers_resumes_on_one(data_dir, reference,
   assert ('Resumed on 1 worker(s); the checkpoint was written by 2; same '
           'data order') in resumed.output
   final = f'checkpoints/ckpt-{TOTAL_STEPS}'
-  helpers.assert_same_model(workdir / final, reference / final, atol=1e-5)
+  # Adam's per-weight scaling carries the summation order's rounding into
+  # the weights (2e-5 seen); another data order moves them by far more.
+  helpers.assert_same_model(workdir / final, reference / final, atol=1e-4)
