@@ -6,10 +6,15 @@
     dataset = source.train_dataset(context, per_replica_batch_size=16,
                                    seed=config.seed, decode=decode)
 
-A task's `train_data` returns that dataset (and its `train_steps_per_epoch`
+    # Or, to resume on any number of workers (the built-in tasks' default):
+    data = source.global_batches(decode=decode)
+
+Two orders. `global_batches` (GlobalBatches, below): one order of records
+for every worker, whose position is the step. `train_dataset`, by file:
+a task's `train_data` returns that dataset (and its `train_steps_per_epoch`
 says `source.steps_per_epoch(...)`); ctl checkpoints each worker's iterator,
-so a stopped run resumes at the exact next batch. What the pipeline does,
-and why:
+so a stopped run resumes at the exact next batch on as many workers. What
+the by-file pipeline does, and why:
 - Files are sharded across input pipelines (workers) by file, so each
   reads only its own; with fewer files than pipelines every pipeline reads
   every file and keeps its share of the records (a logged warning).

@@ -41,7 +41,8 @@ class StepRunner:
     """Args as named.
 
     Args:
-      train_input: a ctl.data.inputs InMemoryInput or DatasetInput.
+      train_input: a ctl.data.inputs InMemoryInput, GlobalOrderInput or
+        DatasetInput.
       jit_compile: what XLA compiles ('off', 'step', 'loop'), as
         ctl.training.xla.resolve decided.
       summary_steps: steps between the tf.summary records of a task's step.
