@@ -14,7 +14,6 @@ than one replica (BUILD.md, "Mixed precision"); written with
 """
 
 import keras
-import ml_collections
 import numpy as np
 import tensorflow as tf
 
