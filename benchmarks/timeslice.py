@@ -164,38 +164,54 @@ def paired_ratios(windows: list[Window], speeds: list[float | None],
 
 @dataclasses.dataclass
 class Comparison:
-  """What rounds of run_in_turns measured for two contenders."""
+  """What rounds of run_in_turns measured."""
 
   speeds: dict[str, list[float]]  # Each measured window's steps/s.
-  ratios: list[float]  # First contender / second, adjacent windows.
+  # The first contender over each other one, in adjacent windows.
+  ratios_to: dict[str, list[float]]
+
+  @property
+  def ratios(self) -> list[float]:
+    """The first contender over the second."""
+    return next(iter(self.ratios_to.values()))
 
   @property
   def ratio(self) -> float:
     return statistics.median(self.ratios)
 
+  def ratio_to(self, other: str) -> float:
+    """NaN where no two windows were paired (runs too short)."""
+    ratios = self.ratios_to[other]
+    return statistics.median(ratios) if ratios else float('nan')
+
 
 def compare(contenders: dict[str, tuple[str, dict]], rounds: int,
             window_seconds: float = 2.0, log=print) -> Comparison:
-  """Runs rounds of two contenders in turns, each round started by the
-  other one; the ratios are the first named over the second."""
-  mine, theirs = contenders
-  speeds = {name: [] for name in contenders}
-  ratios = []
+  """Runs rounds of the contenders in turns, each round started by the next
+  one; the ratios are the first named over each other one."""
+  names = list(contenders)
+  mine, others = names[0], names[1:]
+  speeds = {name: [] for name in names}
+  ratios_to = {other: [] for other in others}
   for round_ in range(rounds):
-    order = [mine, theirs] if round_ % 2 == 0 else [theirs, mine]
+    shift = round_ % len(names)
+    order = names[shift:] + names[:shift]
     windows, progress = run_in_turns(
         {name: contenders[name] for name in order}, window_seconds)
     measured = window_speeds(windows, progress)
     for window, speed in zip(windows, measured):
       if speed:
         speeds[window.contender].append(speed)
-    round_ratios = paired_ratios(windows, measured, mine, theirs)
-    ratios += round_ratios
-    median = (f'median ratio {statistics.median(round_ratios):.3f}'
-              if round_ratios else 'none measured: runs too short?')
-    log(f'[bench] round {round_ + 1}/{rounds}: {len(round_ratios)} pairs of '
-        f'windows, {median}')
-  return Comparison(speeds, ratios)
+    medians = []
+    for other in others:
+      round_ratios = paired_ratios(windows, measured, mine, other)
+      ratios_to[other] += round_ratios
+      medians.append(
+          f'{statistics.median(round_ratios):.3f} ({len(round_ratios)} pairs)'
+          if round_ratios else 'none measured: runs too short?')
+    log(f'[bench] round {round_ + 1}/{rounds}: median ratio '
+        f'{", ".join(medians)}')
+  return Comparison(speeds, ratios_to)
 
 
 def python_loop_progress(total_steps: int = 2000,

@@ -184,6 +184,14 @@ def run_progress(config: ml_collections.ConfigDict
   return sorted(progress.items())
 
 
+def ctl_progress(workload: str, total_steps: int,
+                 **overrides) -> Callable[[], list[tuple[int, float]]]:
+  """(a) ctl training a workload for total_steps: a function returning its
+  progress (benchmarks/timeslice.py)."""
+  return lambda: run_progress(ctl_config(WORKLOADS[workload],
+                                         total_steps=total_steps, **overrides))
+
+
 def build_task(workload: Workload) -> task_lib.Task:
   """The workload's classification task, built as ctl's trainer builds it
   (call inside the strategy's scope, if any)."""
@@ -230,70 +238,88 @@ def _hand_pipeline(data: datasets.Data, batch_size: int, *,
 
 def _loop_speed(step, steps: int, steps_per_loop: int = 100,
                 jit_compile: str = 'off'):
-  """Times a tf.range loop of `step`, after one call to trace it.
-
-  jit_compile: 'step' compiles each step with XLA, 'loop' the whole loop,
-  as ctl's config.jit_compile does.
-  """
-  if jit_compile == 'step':
-    step = tf.function(step, jit_compile=True)
-
-  @tf.function(jit_compile=jit_compile == 'loop')
-  def loop(num_steps):
-    for _ in tf.range(num_steps):
-      step()
-
-  loop(tf.constant(steps_per_loop))
+  """Times a loop of `step(i) -> loss` (_step_loop), after one call to
+  trace it."""
+  loop = _step_loop(step, jit_compile)
+  loop(tf.constant(0), tf.constant(steps_per_loop))
 
   def measure() -> float:
     start = time.perf_counter()
     for _ in range(steps // steps_per_loop):
-      loop(tf.constant(steps_per_loop))
+      loop(tf.constant(0), tf.constant(steps_per_loop))
     return steps // steps_per_loop * steps_per_loop / (
         time.perf_counter() - start)
 
   return measure
 
 
+def _step_loop(step: Callable[[tf.Tensor], tf.Tensor], jit_compile: str):
+  """loop(first, num_steps): `step(i)` for i in first..first+num_steps-1 in
+  a graph loop, their losses summed and returned, as a training loop that
+  logs its loss must compute them (a loss nobody reads, XLA leaves out:
+  the CNN's L2 penalty is 2 ms of its step).
+
+  jit_compile: 'step' compiles each step with XLA, 'loop' the whole loop,
+  as ctl's config.jit_compile does.
+  """
+  if jit_compile == 'step':
+    step = tf.function(step, jit_compile=True, autograph=False)
+
+  @tf.function(jit_compile=jit_compile == 'loop', autograph=False)
+  def loop(first, num_steps):
+    _, loss_sum = tf.while_loop(
+        lambda i, _: i < first + num_steps,
+        lambda i, loss_sum: (i + 1, loss_sum + step(i)),
+        [first, tf.constant(0.0)])
+    return loss_sum
+
+  return loop
+
+
 def _train_step(model, optimizer, loss):
+  """step(features, labels) -> the loss, as ctl's task computes it."""
   def step(features, labels):
     with tf.GradientTape() as tape:
       value = loss(labels, model(features, training=True))
       value += tf.add_n(model.losses)
     gradients = tape.gradient(value, model.trainable_variables)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    return value
   return step
 
 
 def hand_loop_speed(workload: Workload, **pipeline) -> Callable[[], float]:
-  """(b) A minimal hand-written loop: a tf.function running a tf.range loop
-  over a prefetched tf.data pipeline; no metrics, checkpoints or summaries.
+  """(b) A minimal hand-written loop: a tf.function running a graph loop
+  over a prefetched tf.data pipeline, summing the loss; no metrics,
+  checkpoints or summaries.
 
   pipeline: the tf.data levers of _hand_pipeline.
   """
   data, task, loss = parts(workload)
   iterator = iter(_hand_pipeline(data, workload.batch_size, **pipeline))
   step = _train_step(task.model, task.optimizer, loss)
-  return _loop_speed(lambda: step(*next(iterator)), workload.measure_steps)
+  return _loop_speed(lambda i: step(*next(iterator)), workload.measure_steps)
 
 
-def compute_only_speed(workload: Workload,
-                       jit_compile: str = 'off') -> Callable[[], float]:
-  """(c) The same step on one batch already in memory: the ceiling.
+def compute_only_speed(workload: Workload, jit_compile: str = 'off',
+                       gather: bool = False) -> Callable[[], float]:
+  """(c) The same step on batches already in memory: the ceiling.
 
   jit_compile: as ctl's; ctl's 'auto' is the ceiling of ctl's default.
+  gather: see _batch_reader.
   """
   data, task, loss = parts(workload)
-  features = tf.constant(np.asarray(
-      data.train.features[:workload.batch_size], np.float32) *
-                         data.feature_scale)
-  labels = tf.constant(data.train.labels[:workload.batch_size])
   step = _train_step(task.model, task.optimizer, loss)
+  batch_of = _batch_reader(data, workload.batch_size, gather)
+  return _loop_speed(lambda i: step(*batch_of(i)), workload.measure_steps,
+                     jit_compile=_jit_mode(jit_compile, task))
+
+
+def _jit_mode(jit_compile: str, task: task_lib.Task) -> str:
+  """jit_compile, with 'auto' as ctl resolves it for in-memory data."""
   if jit_compile == 'auto':
-    jit_compile = xla.resolve('auto', num_replicas=1, task=task,
-                              in_memory=True)
-  return _loop_speed(lambda: step(features, labels), workload.measure_steps,
-                     jit_compile=jit_compile)
+    return xla.resolve('auto', num_replicas=1, task=task, in_memory=True)
+  return jit_compile
 
 
 def keras_fit_speed(workload: Workload, steps_per_execution: int,
@@ -393,3 +419,83 @@ def report_milliseconds(writer: str, num_reports: int = 50) -> float:
     seconds = time.perf_counter() - start
     close()
   return seconds / num_reports * 1e3
+
+
+def compute_only_progress(workload: str, total_steps: int,
+                          jit_compile: str = 'auto', gather: bool = False,
+                          steps_per_loop: int = 100
+                          ) -> Callable[[], list[tuple[int, float]]]:
+  """(c) The compute-only loop, as compute_only_speed's, trained for
+  total_steps: a function returning its progress after each loop
+  (benchmarks/timeslice.py)."""
+  def train() -> list[tuple[int, float]]:
+    spec = WORKLOADS[workload]
+    data, task, loss = parts(spec)
+    step = _train_step(task.model, task.optimizer, loss)
+    batch_of = _batch_reader(data, spec.batch_size, gather)
+    loop = _step_loop(lambda i: step(*batch_of(i)),
+                      _jit_mode(jit_compile, task))
+    loop(tf.constant(0), tf.constant(1))  # Traces; as ctl's first loop.
+    progress = [(1, time.time())]
+    while progress[-1][0] < total_steps:
+      num_steps = min(steps_per_loop, total_steps - progress[-1][0])
+      loop(tf.constant(progress[-1][0]), tf.constant(num_steps))
+      progress.append((progress[-1][0] + num_steps, time.time()))
+    return progress
+
+  return train
+
+
+def _batch_reader(data: datasets.Data, batch_size: int, gather: bool):
+  """step -> (features, labels): one batch prepared once, or (gather) as a
+  training loop must read it, the step's rows of a fixed random order of
+  the examples in memory, gathered and scaled in the step."""
+  if not gather:
+    features = tf.constant(np.asarray(data.train.features[:batch_size],
+                                      np.float32) * data.feature_scale)
+    labels = tf.constant(data.train.labels[:batch_size])
+    return lambda step: (features, labels)
+  all_features = tf.constant(data.train.features)
+  all_labels = tf.constant(data.train.labels)
+  steps = len(data.train) // batch_size
+  order = tf.constant(np.random.default_rng(0).permutation(
+      steps * batch_size).reshape(steps, batch_size).astype(np.int32))
+
+  def read(step):
+    rows = tf.gather(order, step % steps)
+    features = tf.cast(tf.gather(all_features, rows), tf.float32)
+    return features * data.feature_scale, tf.gather(all_labels, rows)
+
+  return read
+
+
+def keras_fit_progress(workload: str, total_steps: int,
+                       steps_per_execution: int = 100,
+                       jit_compile: bool | str = True
+                       ) -> Callable[[], list[tuple[int, float]]]:
+  """(d) Keras fit, as keras_fit_speed's, for total_steps: a function
+  returning its progress after each execution (benchmarks/timeslice.py)."""
+  def train() -> list[tuple[int, float]]:
+    data, task, loss = parts(WORKLOADS[workload])
+    model = task.model
+    model.compile(optimizer=task.optimizer, loss=loss, metrics=['accuracy'],
+                  steps_per_execution=steps_per_execution,
+                  jit_compile=jit_compile)
+    recorder = _ProgressRecorder()
+    model.fit(_hand_pipeline(data, WORKLOADS[workload].batch_size), epochs=1,
+              steps_per_epoch=total_steps, verbose=0, callbacks=[recorder])
+    return recorder.progress
+
+  return train
+
+
+class _ProgressRecorder(keras.callbacks.Callback):
+  """(steps trained, time.time()) after each of fit's executions."""
+
+  def __init__(self):
+    super().__init__()
+    self.progress = []
+
+  def on_train_batch_end(self, batch, logs=None):
+    del logs
+    self.progress.append((batch + 1, time.time()))

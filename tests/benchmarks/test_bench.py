@@ -4,7 +4,9 @@ import dataclasses
 import pathlib
 import sys
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 # benchmarks/ is not installed: it runs from the repository root.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
@@ -51,11 +53,15 @@ def test_every_contender_trains_and_reports_a_speed():
                   bw.compute_only_speed(tiny),
                   bw.compute_only_speed(tiny, jit_compile='auto'),
                   bw.compute_only_speed(tiny, jit_compile='step'),
+                  bw.compute_only_speed(tiny, jit_compile='auto', gather=True),
                   bw.keras_fit_speed(tiny, 10),
                   bw.keras_fit_speed(tiny, 10, jit_compile=True)):
     assert measure() > 0
   for train in (user_task.ctl_progress(total_steps=300),
-                user_task.hand_loop_progress(total_steps=300)):
+                user_task.hand_loop_progress(total_steps=300),
+                bw.ctl_progress('mlp', 300),
+                bw.compute_only_progress('mlp', 300, gather=True),
+                bw.keras_fit_progress('mlp', 300, steps_per_execution=100)):
     _assert_progress_to(train(), 300)
   assert bw.tf_data_element_microseconds(100) > 0
   assert bw.report_milliseconds('ctl', 2) > 0
@@ -110,6 +116,30 @@ def test_processes_in_turns_run_only_in_their_own_windows():
   speeds = timeslice.window_speeds(windows, progress)
   assert [w.contender for w in windows[:4]] == ['one', 'two', 'one', 'two']
   assert timeslice.paired_ratios(windows, speeds, 'one', 'two')
+
+
+def test_the_compute_only_loop_gathers_batches_and_returns_its_loss():
+  data = bw.cnn_data(None)
+  read = bw._batch_reader(data, 64, gather=True)  # pylint: disable=protected-access
+  features, labels = read(tf.constant(3))
+  rows = np.random.default_rng(0).permutation(937 * 64)[3 * 64:4 * 64]
+  np.testing.assert_allclose(features, data.train.features[rows] / 255,
+                             rtol=1e-6)
+  np.testing.assert_array_equal(labels, data.train.labels[rows])
+  # The loss is the loop's output: XLA cannot leave its L2 penalty out.
+  loop = bw._step_loop(lambda i: tf.cast(i, tf.float32), 'step')  # pylint: disable=protected-access
+  assert float(loop(tf.constant(2), tf.constant(3))) == 2 + 3 + 4
+
+
+def test_three_contenders_in_turns_pair_the_first_with_each_other():
+  contender = ('benchmarks.timeslice:python_loop_progress',
+               {'total_steps': 6_000})
+  comparison = timeslice.compare(
+      {'one': contender, 'two': contender, 'three': contender}, rounds=1,
+      window_seconds=0.2, log=lambda line: None)
+  assert set(comparison.ratios_to) == {'two', 'three'}
+  assert comparison.ratio_to('two') > 0 and comparison.ratio_to('three') > 0
+  assert comparison.ratios == comparison.ratios_to['two']
 
 
 def test_windows_are_measured_in_the_second_half_between_their_reports():
