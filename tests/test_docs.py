@@ -68,7 +68,7 @@ def _config_fields() -> set[str]:
 def _flags() -> set[str]:
   """Every flag the commands define (absl's DEFINE_*)."""
   found = set()
-  for path in [*REPO.glob('ctl/**/*.py'), REPO / 'benchmarks' / 'bench.py']:
+  for path in [*REPO.glob('ctl/**/*.py'), *REPO.glob('benchmarks/*.py')]:
     found.update(re.findall(r"DEFINE_\w+\(\s*'(\w+)'", path.read_text()))
   return found | {'config', 'helpfull', 'help'}
 

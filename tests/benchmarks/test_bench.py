@@ -13,6 +13,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from benchmarks import bench
+from benchmarks import profile
 from benchmarks import tfrecord
 from benchmarks import timeslice
 from benchmarks import user_task
@@ -140,6 +141,14 @@ def test_three_contenders_in_turns_pair_the_first_with_each_other():
   assert set(comparison.ratios_to) == {'two', 'three'}
   assert comparison.ratio_to('two') > 0 and comparison.ratio_to('three') > 0
   assert comparison.ratios == comparison.ratios_to['two']
+
+
+def test_the_profile_traces_each_loop_s_steps_op_by_op():
+  for contender in ('ctl', 'compute'):
+    traced = profile.trace(contender, 'mlp', steps=100)
+    assert traced['total'] > 0
+    # The XLA program's operations, each once a step.
+    assert traced['ops'] and max(traced['ops'].values()) < traced['total']
 
 
 def test_windows_are_measured_in_the_second_half_between_their_reports():
