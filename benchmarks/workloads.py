@@ -256,8 +256,9 @@ def _loop_speed(step, steps: int, steps_per_loop: int = 100,
 def _step_loop(step: Callable[[tf.Tensor], tf.Tensor], jit_compile: str):
   """loop(first, num_steps): `step(i)` for i in first..first+num_steps-1 in
   a graph loop, their losses summed and returned, as a training loop that
-  logs its loss must compute them (a loss nobody reads, XLA leaves out:
-  the CNN's L2 penalty is 2 ms of its step).
+  logs its loss must compute them (XLA leaves out a loss nobody reads,
+  and with it the L2 penalty's sum over the kernels: BENCHMARKS.md,
+  "Compute-bound speed").
 
   jit_compile: 'step' compiles each step with XLA, 'loop' the whole loop,
   as ctl's config.jit_compile does.
