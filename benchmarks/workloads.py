@@ -144,11 +144,20 @@ def graph_loop_progress(step: Callable, iterator, total_steps: int,
   """graph_loop run for total_steps: (steps trained, time.time()) after each
   loop, as ctl reports its own (benchmarks/timeslice.py)."""
   loop = graph_loop(step, iterator)
-  loop(1)  # Traces; as ctl's first loop, one step.
+  return _loops_with_progress(lambda first, num_steps: loop(num_steps),
+                              total_steps, steps_per_loop)
+
+
+def _loops_with_progress(run: Callable[[int, int], object], total_steps: int,
+                         steps_per_loop: int) -> list[tuple[int, float]]:
+  """Calls run(first step, steps) for a first loop of one step (it traces,
+  as ctl's first loop), then loops of steps_per_loop up to total_steps;
+  (steps trained, time.time()) after each."""
+  run(0, 1)
   progress = [(1, time.time())]
   while progress[-1][0] < total_steps:
     num_steps = min(steps_per_loop, total_steps - progress[-1][0])
-    loop(num_steps)
+    run(progress[-1][0], num_steps)
     progress.append((progress[-1][0] + num_steps, time.time()))
   return progress
 
@@ -330,12 +339,8 @@ def keras_fit_speed(workload: Workload, steps_per_execution: int,
   jit_compile: Model.compile's; its 'auto' means no XLA on a machine
   without GPUs.
   """
-  data, task, loss = parts(workload)
-  model = task.model
-  model.compile(optimizer=task.optimizer, loss=loss, metrics=['accuracy'],
-                steps_per_execution=steps_per_execution,
-                jit_compile=jit_compile)
-  dataset = _hand_pipeline(data, workload.batch_size)
+  model, dataset = _compiled_for_fit(workload, steps_per_execution,
+                                     jit_compile)
   steps = max(workload.measure_steps // steps_per_execution, 2) * (
       steps_per_execution)
   timer = _FitTimer()
@@ -347,6 +352,19 @@ def keras_fit_speed(workload: Workload, steps_per_execution: int,
 
   measure()  # Traces the train function.
   return measure
+
+
+def _compiled_for_fit(workload: Workload, steps_per_execution: int,
+                      jit_compile: bool | str
+                      ) -> tuple[keras.Model, tf.data.Dataset]:
+  """The workload's model compiled as fit's contenders run it, with
+  accuracy as ctl has, and the pipeline fit reads."""
+  data, task, loss = parts(workload)
+  task.model.compile(optimizer=task.optimizer, loss=loss,
+                     metrics=['accuracy'],
+                     steps_per_execution=steps_per_execution,
+                     jit_compile=jit_compile)
+  return task.model, _hand_pipeline(data, workload.batch_size)
 
 
 class _FitTimer(keras.callbacks.Callback):
@@ -436,13 +454,10 @@ def compute_only_progress(workload: str, total_steps: int,
     batch_of = _batch_reader(data, spec.batch_size, gather)
     loop = _step_loop(lambda i: step(*batch_of(i)),
                       _jit_mode(jit_compile, task))
-    loop(tf.constant(0), tf.constant(1))  # Traces; as ctl's first loop.
-    progress = [(1, time.time())]
-    while progress[-1][0] < total_steps:
-      num_steps = min(steps_per_loop, total_steps - progress[-1][0])
-      loop(tf.constant(progress[-1][0]), tf.constant(num_steps))
-      progress.append((progress[-1][0] + num_steps, time.time()))
-    return progress
+    return _loops_with_progress(
+        lambda first, num_steps: loop(tf.constant(first),
+                                      tf.constant(num_steps)),
+        total_steps, steps_per_loop)
 
   return train
 
@@ -477,14 +492,11 @@ def keras_fit_progress(workload: str, total_steps: int,
   """(d) Keras fit, as keras_fit_speed's, for total_steps: a function
   returning its progress after each execution (benchmarks/timeslice.py)."""
   def train() -> list[tuple[int, float]]:
-    data, task, loss = parts(WORKLOADS[workload])
-    model = task.model
-    model.compile(optimizer=task.optimizer, loss=loss, metrics=['accuracy'],
-                  steps_per_execution=steps_per_execution,
-                  jit_compile=jit_compile)
+    model, dataset = _compiled_for_fit(WORKLOADS[workload],
+                                       steps_per_execution, jit_compile)
     recorder = _ProgressRecorder()
-    model.fit(_hand_pipeline(data, WORKLOADS[workload].batch_size), epochs=1,
-              steps_per_epoch=total_steps, verbose=0, callbacks=[recorder])
+    model.fit(dataset, epochs=1, steps_per_epoch=total_steps, verbose=0,
+              callbacks=[recorder])
     return recorder.progress
 
   return train

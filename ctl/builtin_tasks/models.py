@@ -80,11 +80,11 @@ class L2(keras.regularizers.Regularizer):
   Compiled by XLA for a CPU, one reduction runs on one thread: 1.8 ms a
   step for the CNN's 11 MB dense kernel, about a sixth of its step. Summed
   as independent parts, XLA's CPU runtime reduces them side by side
-  (0.7 ms; BENCHMARKS.md, "Where the CNN's time goes"). The gradient is
+  (0.7 ms; BENCHMARKS.md, "Compute-bound speed"). The gradient is
   Keras's, bit for bit; the penalty the same up to the order of the sum.
   """
 
-  # Elements per part: kernels smaller than this are summed whole.
+  # Elements per part: kernels of fewer than two parts are summed whole.
   PART = 1 << 20
 
   def __init__(self, l2: float = 0.01):

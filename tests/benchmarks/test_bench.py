@@ -134,7 +134,7 @@ def test_the_compute_only_loop_gathers_batches_and_returns_its_loss():
 
 def test_three_contenders_in_turns_pair_the_first_with_each_other():
   contender = ('benchmarks.timeslice:python_loop_progress',
-               {'total_steps': 6_000})
+               {'total_steps': 20_000})  # Several turns each.
   comparison = timeslice.compare(
       {'one': contender, 'two': contender, 'three': contender}, rounds=1,
       window_seconds=0.2, log=lambda line: None)
