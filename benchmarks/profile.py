@@ -28,6 +28,8 @@ _STEPS = flags.DEFINE_integer('steps', 200, 'Steps traced, a multiple of 100.')
 _ROWS = flags.DEFINE_integer('rows', 20, 'Operations shown.')
 
 _WARMUP_LOOPS = 3
+# A contender's process takes about a minute; one still running is killed.
+_TIMEOUT_SECONDS = 900
 
 
 def trace(contender: str, workload: str, steps: int) -> dict:
@@ -102,7 +104,8 @@ def main(argv: list[str]) -> None:
     output = subprocess.run(
         [sys.executable, '-m', 'benchmarks.profile', contender, 'trace',
          f'--workload={_WORKLOAD.value}', f'--steps={_STEPS.value}'],
-        check=True, capture_output=True, text=True).stdout
+        check=True, capture_output=True, text=True,
+        timeout=_TIMEOUT_SECONDS).stdout
     results[contender] = json.loads(output.split('TRACE ', 1)[1])
   ctl, compute = results['ctl'], results['compute']
   print(f'{_WORKLOAD.value}, {_STEPS.value} steps traced: ms per step, ctl '
