@@ -138,15 +138,16 @@ def data_position_save(directory: str, saves: int = 10,
                                                'by_file'})
   train_input = inputs.DatasetInput(tf.distribute.get_strategy(), dataset,
                                     num_local_replicas=1)
-  iterator = train_input.make_iterator([])
+  reader = train_input.make_iterator([])
   milliseconds = []
   with tempfile.TemporaryDirectory() as scratch:
     positions = data_positions.DataPositions(
         train_input.checkpointable, scratch,
-        max_to_keep=task.config.intervals.keep_checkpoints)
+        max_to_keep=task.config.intervals.keep_checkpoints,
+        read_last=train_input.read_last)
     for save in range(saves + 1):
       for _ in range(steps_between):  # Mid-epoch: an epoch is 44 batches.
-        next(iterator)
+        reader.get_next()
       start = time.perf_counter()
       positions.save((save + 1) * steps_between)
       if save:  # The first traces the save.

@@ -134,6 +134,14 @@ class StatefulBeforeShuffle(NoisyRegression):
         batch, drop_remainder=True)
 
 
+class RepeatsItsPasses(NoisyRegression):
+  """Repeats its reshuffled, prefetched pass itself: a resumed run would
+  read another next pass (ctl/data/passes.py), so it is refused."""
+
+  def train_data(self, context):
+    return super().train_data(context).prefetch(2).repeat(3)
+
+
 class ShadowsModels(NoisyRegression):
   """Names an attribute `models`, which hides ctl.Task.models()."""
 

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl.data import in_memory
+from ctl.data import passes
 from ctl.data import tfrecord
 
 
@@ -37,6 +38,7 @@ class InMemoryInput:
 
   kind = 'in-memory data'
   checkpointable = {}  # The step is the position: nothing else to save.
+  read_last = ()
   dataset = None  # No pipeline of the task's own.
 
   def __init__(self, strategy: tf.distribute.Strategy,
@@ -85,14 +87,16 @@ class DatasetInput:
     self._strategy = strategy
     self._num_local_replicas = num_local_replicas
     self.dataset = dataset  # Whose position is saved.
-    with tf.device('/cpu:0'):
-      self._iterator = iter(dataset.repeat() if _is_finite(dataset)
-                            else dataset)
-    self.checkpointable = {'iterator': self._iterator}
+    # A finite dataset is read pass after pass (not by repeat(), which
+    # cannot resume a reshuffled pass exactly: ctl/data/passes.py).
+    self._reader = (passes.Passes(dataset) if _is_finite(dataset)
+                    else passes.Endless(dataset))
+    self.checkpointable = self._reader.checkpointable
+    self.read_last = self._reader.read_last
 
   def make_iterator(self, loops: Iterable[tuple[int, int]]):
-    del loops  # The iterator's own state is the position.
-    return self._iterator
+    del loops  # The iterators' own state is the position.
+    return self._reader
 
   def loop_data(self, iterator, num_steps: tf.Tensor):
     del iterator, num_steps  # Read step by step, in batches().
@@ -101,7 +105,8 @@ class DatasetInput:
   def batches(self, loop_data, step_in_loop: tf.Tensor) -> Any:
     """The next element of the iterator for each local replica."""
     del loop_data, step_in_loop
-    elements = [next(self._iterator) for _ in range(self._num_local_replicas)]
+    elements = [self._reader.get_next()
+                for _ in range(self._num_local_replicas)]
     if self._num_local_replicas == 1:
       return elements[0]
     return self._strategy.experimental_distribute_values_from_function(
@@ -114,6 +119,7 @@ class GlobalOrderInput(DatasetInput):
 
   kind = 'files in one global order'
   checkpointable = {}  # The step is the position.
+  read_last = ()
   dataset = None  # Made at make_iterator, from the step.
 
   def __init__(self, strategy: tf.distribute.Strategy,
@@ -127,15 +133,14 @@ class GlobalOrderInput(DatasetInput):
     self._context = context
     self._seed = seed
     self._global_batch_size = global_batch_size
-    self._iterator = None
+    self._reader = None
 
   def make_iterator(self, loops):
-    """The iterator from the first loop's first step on."""
-    with tf.device('/cpu:0'):
-      self._iterator = iter(self._data.dataset(
-          self._context, global_batch_size=self._global_batch_size,
-          seed=self._seed, first_step=loops.start))
-    return self._iterator
+    """The reader from the first loop's first step on (endless)."""
+    self._reader = passes.Endless(self._data.dataset(
+        self._context, global_batch_size=self._global_batch_size,
+        seed=self._seed, first_step=loops.start))
+    return self._reader
 
 
 def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int,
