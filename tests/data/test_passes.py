@@ -17,8 +17,8 @@ def _reshuffled(prefetch: bool = True) -> tf.data.Dataset:
   return dataset.prefetch(2) if prefetch else dataset
 
 
-def _read(reader: passes.Passes, get_next, num_batches: int) -> list[int]:
-  del reader  # Kept alive by the caller.
+def _read(get_next, num_batches: int) -> list[int]:
+  """The elements of the next num_batches batches."""
   return [int(x) for _ in range(num_batches) for x in get_next().numpy()]
 
 
@@ -28,10 +28,10 @@ def _reader() -> tuple[passes.Passes, object]:
 
 
 def test_passes_are_the_orders_repeat_reads():
-  reader, get_next = _reader()
+  _, get_next = _reader()
   repeated = [int(x) for batch in _reshuffled().repeat().take(4 * PASS)
               for x in batch.numpy()]
-  assert _read(reader, get_next, 4 * PASS) == repeated
+  assert _read(get_next, 4 * PASS) == repeated
   first, second = repeated[:64], repeated[64:128]
   assert sorted(first) == list(range(64)) and first != second
 
@@ -51,20 +51,20 @@ def _positions(reader: passes.Passes, directory, renamed: bool):
 @pytest.mark.parametrize('renamed', [False, True])
 def test_a_position_saved_anywhere_resumes_every_later_pass(tmp_path,
                                                             renamed):
-  reference_reader, reference_next = _reader()
-  reference = _read(reference_reader, reference_next, 6 * PASS)
+  _, reference_next = _reader()
+  reference = _read(reference_next, 6 * PASS)
   # Every stop in the first three passes; near a pass's end the prefetch
   # has read that pass to its end (plain repeat() then loses the next
   # pass's seeds: tests/runtime/test_tf_internals.py).
   for stop in range(1, 3 * PASS + 1):
     reader, get_next = _reader()
-    _read(reader, get_next, stop)
+    _read(get_next, stop)
     _positions(reader, tmp_path / str(stop), renamed).save(stop)
 
     resumed, resumed_next = _reader()
     _positions(resumed, tmp_path / str(stop), renamed).restore(stop)
     batches = 6 * PASS - stop
-    assert _read(resumed, resumed_next, batches) == reference[8 * stop:], (
+    assert _read(resumed_next, batches) == reference[8 * stop:], (
         f'resumed after batch {stop}')
 
 
