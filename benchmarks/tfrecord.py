@@ -138,16 +138,15 @@ def data_position_save(directory: str, saves: int = 10,
                                                'by_file'})
   train_input = inputs.DatasetInput(tf.distribute.get_strategy(), dataset,
                                     num_local_replicas=1)
-  reader = train_input.make_iterator([])
+  iterator = train_input.make_iterator([])
   milliseconds = []
   with tempfile.TemporaryDirectory() as scratch:
     positions = data_positions.DataPositions(
         train_input.checkpointable, scratch,
-        max_to_keep=task.config.intervals.keep_checkpoints,
-        read_last=train_input.read_last)
+        max_to_keep=task.config.intervals.keep_checkpoints)
     for save in range(saves + 1):
       for _ in range(steps_between):  # Mid-epoch: an epoch is 44 batches.
-        reader.get_next()
+        next(iterator)
       start = time.perf_counter()
       positions.save((save + 1) * steps_between)
       if save:  # The first traces the save.

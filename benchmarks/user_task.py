@@ -108,8 +108,8 @@ def hand_loop_progress(total_steps: int = CTL_STEPS,
     model = build_model()
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
-    # Repeated, as a hand-written loop does (ctl reads it pass after pass:
-    # ctl/data/passes.py).
+    # Repeated, as a hand-written loop does (ctl reads it through
+    # ctl/data/resumable.py, to resume every pass exactly).
     iterator = iter(make_dataset(BATCH_SIZE, tf.distribute.InputContext())
                     .repeat())
     return workloads.graph_loop_progress(

@@ -11,15 +11,14 @@ PACKAGE = helpers.REPO / 'ctl'
 LAYERS = {
     'errors': 0,
     'registry': 1, 'config': 1, 'actions': 1, 'storage': 1,
-    'config_help': 2, 'runtime': 2, 'hyper': 2,
-    'data': 3,
-    'task': 4, 'cluster': 4,
-    'checkpoints': 5,
-    'builtin_tasks': 5,
-    'training': 6,
-    'serving': 7,
-    'modes': 8, 'launch': 8, 'sweep': 8,
-    'main': 9,
+    'config_help': 2, 'runtime': 2, 'data': 2, 'hyper': 2,
+    'task': 3, 'cluster': 3,
+    'checkpoints': 4,
+    'builtin_tasks': 4,
+    'training': 5,
+    'serving': 6,
+    'modes': 7, 'launch': 7, 'sweep': 7,
+    'main': 8,
 }
 
 

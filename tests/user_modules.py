@@ -134,12 +134,16 @@ class StatefulBeforeShuffle(NoisyRegression):
         batch, drop_remainder=True)
 
 
-class RepeatsItsPasses(NoisyRegression):
-  """Repeats its reshuffled, prefetched pass itself: a resumed run would
-  read another next pass (ctl/data/passes.py), so it is refused."""
+class ShufflesTwice(NoisyRegression):
+  """Shuffles shuffled examples again: the inner shuffle's seeds cannot be
+  restored (ctl/data/resumable.py), so it is refused."""
 
   def train_data(self, context):
-    return super().train_data(context).prefetch(2).repeat(3)
+    features, targets = self._examples(0, 512)
+    dataset = tf.data.Dataset.from_tensor_slices((features, targets))
+    batch = context.get_per_replica_batch_size(self.config.batch_size)
+    return dataset.shuffle(64, seed=1).shuffle(256, seed=2).batch(
+        batch, drop_remainder=True)
 
 
 class ShadowsModels(NoisyRegression):

@@ -23,18 +23,12 @@ class DataPositions:
   """
 
   def __init__(self, trackables: dict, directory: str, *, max_to_keep: int,
-               pipeline: int = 0, num_pipelines: int = 1,
-               read_last: tuple[str, ...] = ()):
+               pipeline: int = 0, num_pipelines: int = 1):
     """Args as named; pipeline: this worker's input pipeline (its worker
-    index) of num_pipelines (the training workers); read_last: the
-    trackables restored again after all of them (ctl/data/passes.py: the
-    next pass's iterator, whose state sets the reshuffle seeds)."""
+    index) of num_pipelines (the training workers)."""
     self._root = directory
     self._num_pipelines = num_pipelines
     self._checkpoint = tf.train.Checkpoint(**trackables)
-    self._last = (tf.train.Checkpoint(**{name: trackables[name]
-                                         for name in read_last})
-                  if read_last else None)
     self._directory = os.path.join(directory,
                                    _pipeline_dir(pipeline, num_pipelines))
     self._max_to_keep = max_to_keep
@@ -100,7 +94,7 @@ class DataPositions:
     hazard = tf_internals.symbolic_checkpoint_hazard(dataset)
     if hazard is not None:  # Its saves could segfault (tf_internals).
       raise errors.CtlError(hazard)
-    reseeding = tf_internals.reseeding_below_restart(dataset)
+    reseeding = tf_internals.reseeding_below_shuffle(dataset)
     if reseeding is not None:
       raise errors.CtlError(_not_resumable(*reseeding))
 
@@ -140,8 +134,6 @@ class DataPositions:
           '--workdir, or restore the file.')
     try:
       self._checkpoint.read(prefix).assert_consumed()
-      if self._last:
-        self._last.read(prefix).expect_partial()
     except Exception as error:  # pylint: disable=broad-except
       raise errors.CtlError(
           f'The data position {prefix} does not fit this task\'s input '
@@ -169,16 +161,15 @@ def _unsavable(error: tf.errors.FailedPreconditionError) -> errors.CtlError:
       'was saved at this step; earlier checkpoints are kept.')
 
 
-def _not_resumable(reseeding_op: str, restarting_op: str) -> str:
-  """The error for a reshuffling op below a repeat or another shuffle."""
+def _not_resumable(reseeding_op: str, shuffle_op: str) -> str:
+  """The error for a reshuffling op below another shuffle."""
   reseeding = ('Dataset.random' if reseeding_op.startswith('Random')
                else 'a shuffle that reshuffles each pass')
-  restarting = ('a repeat' if restarting_op == 'RepeatDataset'
-                else 'another shuffle')
   return (f'The training pipeline has {reseeding} ({reseeding_op}) below '
-          f'{restarting} ({restarting_op}): TensorFlow cannot restore the '
-          'seeds of its next pass from a position saved near a pass\'s end, '
-          'so a resumed run would read another order. Return one pass '
-          'without Dataset.repeat (ctl reads it pass after pass and resumes '
-          'each exactly), shuffle once, or give the inner one '
-          'reshuffle_each_iteration=False. Nothing was written.')
+          f'another shuffle ({shuffle_op}): TensorFlow cannot restore its '
+          'seeds from a position saved once the outer shuffle holds the rest '
+          'of a pass, so a resumed run would read another order. Give the '
+          'inner one reshuffle_each_iteration=False (the outer shuffle still '
+          'mixes each pass), shuffle once, or read TFRecord files with '
+          'ctl.TFRecordSource (its own order, resumable on any number of '
+          'workers). Nothing was written.')

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl.data import in_memory
-from ctl.data import passes
+from ctl.data import resumable
 from ctl.data import tfrecord
 
 
@@ -38,7 +38,6 @@ class InMemoryInput:
 
   kind = 'in-memory data'
   checkpointable = {}  # The step is the position: nothing else to save.
-  read_last = ()
   dataset = None  # No pipeline of the task's own.
 
   def __init__(self, strategy: tf.distribute.Strategy,
@@ -87,16 +86,13 @@ class DatasetInput:
     self._strategy = strategy
     self._num_local_replicas = num_local_replicas
     self.dataset = dataset  # Whose position is saved.
-    # A finite dataset is read pass after pass (not by repeat(), which
-    # cannot resume a reshuffled pass exactly: ctl/data/passes.py).
-    self._reader = (passes.Passes(dataset) if _is_finite(dataset)
-                    else passes.Endless(dataset))
-    self.checkpointable = self._reader.checkpointable
-    self.read_last = self._reader.read_last
+    with tf.device('/cpu:0'):  # Repeated, and resumable exactly.
+      self._iterator = iter(resumable.resumable(dataset))
+    self.checkpointable = {'iterator': self._iterator}
 
   def make_iterator(self, loops: Iterable[tuple[int, int]]):
-    del loops  # The iterators' own state is the position.
-    return self._reader
+    del loops  # The iterator's own state is the position.
+    return self._iterator
 
   def loop_data(self, iterator, num_steps: tf.Tensor):
     del iterator, num_steps  # Read step by step, in batches().
@@ -105,8 +101,7 @@ class DatasetInput:
   def batches(self, loop_data, step_in_loop: tf.Tensor) -> Any:
     """The next element of the iterator for each local replica."""
     del loop_data, step_in_loop
-    elements = [self._reader.get_next()
-                for _ in range(self._num_local_replicas)]
+    elements = [next(self._iterator) for _ in range(self._num_local_replicas)]
     if self._num_local_replicas == 1:
       return elements[0]
     return self._strategy.experimental_distribute_values_from_function(
@@ -119,7 +114,6 @@ class GlobalOrderInput(DatasetInput):
 
   kind = 'files in one global order'
   checkpointable = {}  # The step is the position.
-  read_last = ()
   dataset = None  # Made at make_iterator, from the step.
 
   def __init__(self, strategy: tf.distribute.Strategy,
@@ -133,14 +127,15 @@ class GlobalOrderInput(DatasetInput):
     self._context = context
     self._seed = seed
     self._global_batch_size = global_batch_size
-    self._reader = None
+    self._iterator = None
 
   def make_iterator(self, loops):
-    """The reader from the first loop's first step on (endless)."""
-    self._reader = passes.Endless(self._data.dataset(
-        self._context, global_batch_size=self._global_batch_size,
-        seed=self._seed, first_step=loops.start))
-    return self._reader
+    """The iterator from the first loop's first step on."""
+    with tf.device('/cpu:0'):
+      self._iterator = iter(self._data.dataset(
+          self._context, global_batch_size=self._global_batch_size,
+          seed=self._seed, first_step=loops.start))
+    return self._iterator
 
 
 def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int,
@@ -162,10 +157,6 @@ def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int,
   raise errors.ConfigError(
       f'The task\'s training dataset is {kind}, so ctl cannot tell how many '
       'steps an epoch has: set config.steps_per_epoch.')
-
-
-def _is_finite(dataset: tf.data.Dataset) -> bool:
-  return int(dataset.cardinality()) != tf.data.INFINITE_CARDINALITY
 
 
 def input_context(strategy: tf.distribute.Strategy, worker_index: int,

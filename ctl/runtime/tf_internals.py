@@ -160,54 +160,29 @@ def symbolic_checkpoint_hazard(dataset: tf.data.Dataset) -> str | None:
           'num_parallel_calls. Nothing was written.')
 
 
-def copy_iterator_state(source, target) -> tf.Operation:
-  """Makes the tf.data iterator `target` go on as `source` would: `source`'s
-  state serialized and restored into `target` in memory, as a checkpoint
-  saves and restores an iterator (its resource is private; the two ops are
-  tf.raw_ops). Usable in a tf.function."""
-  state = tf.raw_ops.SerializeIterator(
-      resource_handle=source._iterator_resource,  # pylint: disable=protected-access
-      external_state_policy=(
-          tf.data.experimental.ExternalStatePolicy.FAIL.value))
-  return tf.raw_ops.DeserializeIterator(
-      resource_handle=target._iterator_resource, serialized=state)  # pylint: disable=protected-access
-
-
-def restart_iterator(iterator) -> tf.Operation:
-  """Starts the tf.data iterator over at its dataset's first element, as a
-  new `iter(dataset)` would (a reshuffling shuffle draws its next seeds).
-  Usable in a tf.function."""
-  return tf.raw_ops.MakeIterator(
-      dataset=iterator._dataset._variant_tensor,  # pylint: disable=protected-access
-      iterator=iterator._iterator_resource)  # pylint: disable=protected-access
-
-
 # Ops that draw new seeds each time an iterator over them starts, from a
 # generator their dataset shares between iterators.
 _RESEEDING = {'ShuffleDataset': 'reshuffle_each_iteration',
               'ShuffleDatasetV2': None,  # Always reshuffles.
               'ShuffleDatasetV3': 'reshuffle_each_iteration',
               'RandomDatasetV2': 'rerandomize_each_iteration'}
-# Ops that start their input's iterator again (repeat) or late (shuffle).
-_RESTARTING = ('RepeatDataset', 'ShuffleDataset', 'ShuffleDatasetV2',
-               'ShuffleDatasetV3')
+_SHUFFLES = ('ShuffleDataset', 'ShuffleDatasetV2', 'ShuffleDatasetV3')
 
 
-def reseeding_below_restart(dataset: tf.data.Dataset) -> tuple[str, str] | None:
-  """(a reshuffling op, the repeat or shuffle above it), or None.
+def reseeding_below_shuffle(dataset: tf.data.Dataset) -> tuple[str, str] | None:
+  """(a reshuffling op, the shuffle above it), or None.
 
   A shuffle that reshuffles each pass draws each pass's seeds from a
   generator whose count an iterator checkpoint holds only in that shuffle's
-  own state. Below a `repeat` or another shuffle, a new iterator of it
-  starts at each repetition or when the outer buffer first fills, and an
-  op that has read its input to the end (a prefetch holding a pass's last
-  batches, a shuffle buffer holding the rest) leaves the input's state out
-  of the checkpoint: the restored process then draws other seeds (TF 2.21:
-  `range(64).shuffle(64, seed=1).batch(8).prefetch(2).repeat()` saved two
-  batches before a pass's end, 17 of 20 restores read another next pass;
-  `shuffle(16, seed=1).shuffle(64, seed=2)`, 11 of 12 wrong). Only the main
-  chain is read: pipelines inside interleave or flat_map functions are new
-  datasets, and generators, per element.
+  own state (ctl/data/resumable.py keeps it for the main chain). Below
+  another shuffle, its iterator starts only when the outer buffer fills,
+  and once the outer buffer holds the rest of a pass its state is left out
+  of the checkpoint: a restored run draws other seeds (TF 2.21: 48 of 48
+  restores of `shuffle(16, seed=1).shuffle(64, seed=2).batch(8)
+  .prefetch(2)` at each batch of three passes read another order, through
+  ctl's resumable reading too). Only the main chain is read: pipelines
+  inside interleave or flat_map functions are new datasets, and
+  generators, per element.
   """
   graph = tf.compat.v1.GraphDef.FromString(
       dataset._as_serialized_graph(  # pylint: disable=protected-access
@@ -225,11 +200,11 @@ def reseeding_below_restart(dataset: tf.data.Dataset) -> tuple[str, str] | None:
     attr = _RESEEDING[node.op]
     return attr is None or node.attr[attr].b
 
-  def below(node, restart):
+  def below(node, shuffle):
     for source in inputs(node):
-      if restart is not None and reseeds(source):
-        return source.op, restart.op
-      found = below(source, source if source.op in _RESTARTING else restart)
+      if shuffle is not None and reseeds(source):
+        return source.op, shuffle.op
+      found = below(source, source if source.op in _SHUFFLES else shuffle)
       if found:
         return found
     return None

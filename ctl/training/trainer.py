@@ -81,8 +81,7 @@ class Trainer:
         self.train_input.checkpointable,
         workdir_lib.data_position_dir(workdir),
         max_to_keep=config.intervals.keep_checkpoints,
-        pipeline=task_info.worker_index, num_pipelines=task_info.num_workers,
-        read_last=self.train_input.read_last)
+        pipeline=task_info.worker_index, num_pipelines=task_info.num_workers)
     self.checkpointer = checkpoint_manager.Checkpointer(
         assembled.checkpoint(), workdir_lib.checkpoint_dir(workdir),
         is_chief=task_info.is_chief, task_id=task_info.task_id,

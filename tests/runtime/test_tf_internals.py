@@ -177,10 +177,9 @@ def _epochs(iterator, num_epochs: int) -> list[list[int]]:
 
 
 def test_repeat_still_loses_a_reshuffled_pass_saved_near_its_end(tmp_path):
-  """Why ctl reads a finite pipeline pass after pass (ctl/data/passes.py)
-  and refuses a reshuffling shuffle below a repeat: TF 2.21 restores such a
-  position with other seeds for the next pass. When this fails, TensorFlow
-  fixed it."""
+  """Why ctl reads a task's pipeline through ctl/data/resumable.py: TF 2.21
+  restores such a position with other seeds for the next pass. When this
+  fails, TensorFlow fixed it."""
 
   def repeated():
     return (tf.data.Dataset.range(64).shuffle(64, seed=1).batch(8)
@@ -199,13 +198,3 @@ def test_repeat_still_loses_a_reshuffled_pass_saved_near_its_end(tmp_path):
     assert [int(x) for x in next(restored).numpy()] == reference[0][56:]
     wrong += _epochs(restored, 1)[0] != reference[1]
   assert wrong > 0
-
-
-def test_iterator_state_copies_and_restarts():
-  dataset = tf.data.Dataset.range(16).shuffle(16, seed=1)
-  first, second = iter(dataset), iter(dataset)
-  next(first)
-  tf_internals.copy_iterator_state(first, second)
-  assert list(map(int, second)) == list(map(int, first))
-  tf_internals.restart_iterator(first)
-  assert sorted(map(int, first)) == list(range(16))

@@ -236,16 +236,16 @@ def test_a_stateful_op_in_the_pipeline_is_caught_before_training(tmp_path,
   assert not (tmp_path / 'checkpoints').exists()
 
 
-def test_a_reshuffled_pass_below_a_repeat_is_refused_before_training(
+def test_a_reshuffled_shuffle_below_a_shuffle_is_refused_before_training(
     tmp_path):
-  run = helpers.run_ctl(f'--config={NOISY}:RepeatsItsPasses',
+  run = helpers.run_ctl(f'--config={NOISY}:ShufflesTwice',
                         f'--workdir={tmp_path}')
   assert run.returncode == errors.EXIT_FAILURE, run.stderr[-3000:]
   [line] = [line for line in run.stderr.splitlines()
             if line.startswith('ctl: ')]
   assert line.startswith('ctl: error: The training pipeline has a shuffle '
                          'that reshuffles each pass (ShuffleDatasetV3) below '
-                         'a repeat (RepeatDataset)'), line
-  assert 'Return one pass without Dataset.repeat' in line
+                         'another shuffle (ShuffleDatasetV3)'), line
+  assert 'reshuffle_each_iteration=False' in line
   assert 'Training from step' not in run.stderr
   assert not (tmp_path / 'checkpoints').exists()

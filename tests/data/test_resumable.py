@@ -1,0 +1,76 @@
+"""A task's tf.data pipeline as ctl reads it (ctl/data/resumable.py): a
+position saved at any batch, near a pass's end included, resumes that pass
+and every later one in the order an uninterrupted run reads, for the usual
+reshuffled pipelines (plain `repeat()` does not:
+tests/runtime/test_tf_internals.py)."""
+
+import pytest
+import tensorflow as tf
+
+from ctl.checkpoints import data_positions
+from ctl.data import resumable
+
+R = tf.data.Dataset.range
+PIPELINES = {  # Each pass is 8 batches of 8 (of 64 elements).
+    'shuffle_batch_prefetch': lambda: R(64).shuffle(64, seed=1).batch(8)
+                                           .prefetch(2),
+    'parallel_map_and_batch': lambda: R(64).shuffle(64, seed=1).map(
+        lambda x: x * 2, num_parallel_calls=8).batch(
+            8, num_parallel_calls=4).prefetch(8),
+    'its_own_repeat': lambda: R(64).shuffle(64, seed=1).batch(8).prefetch(2)
+                                   .repeat(),
+    'dataset_random': lambda: tf.data.Dataset.random(
+        seed=1, rerandomize_each_iteration=True).take(64).batch(8)
+                              .prefetch(2),
+}
+
+
+def _read(iterator, num_batches: int) -> list[int]:
+  return [int(x) for _ in range(num_batches) for x in next(iterator).numpy()]
+
+
+@pytest.mark.parametrize('pipeline', PIPELINES)
+def test_a_position_saved_at_any_batch_resumes_every_later_pass(tmp_path,
+                                                                pipeline):
+  make = PIPELINES[pipeline]
+  reference = _read(iter(resumable.resumable(make())), 5 * 8)
+  passes = [reference[i:i + 64] for i in range(0, 5 * 64, 64)]
+  assert len({tuple(order) for order in passes}) == 5  # Reshuffled.
+  for stop in range(1, 3 * 8 + 1):  # Every batch of three passes.
+    iterator = iter(resumable.resumable(make()))
+    _read(iterator, stop)
+    directory = tmp_path / str(stop)
+    data_positions.DataPositions({'iterator': iterator}, str(directory),
+                                 max_to_keep=1).save(stop)
+    resumed = iter(resumable.resumable(make()))
+    data_positions.DataPositions({'iterator': resumed}, str(directory),
+                                 max_to_keep=1).restore(stop)
+    assert _read(resumed, 5 * 8 - stop) == reference[8 * stop:], (
+        f'{pipeline} resumed after batch {stop}')
+
+
+def test_a_reshuffling_op_below_another_shuffle_is_refused(tmp_path):
+  from ctl import errors  # pylint: disable=g-import-not-at-top
+
+  def refusal(dataset):
+    positions = data_positions.DataPositions(
+        {'iterator': iter(dataset)}, str(tmp_path), max_to_keep=1)
+    try:
+      positions.check_savable(dataset)
+    except errors.CtlError as error:
+      return str(error)
+    return None
+
+  shuffled_files = R(8).shuffle(8, seed=3).interleave(
+      lambda file: R(8).map(lambda x: x + 8 * file), cycle_length=2)
+  assert 'below another shuffle (ShuffleDatasetV3)' in refusal(
+      shuffled_files.shuffle(16, seed=4).batch(8))
+  assert 'Dataset.random' in refusal(
+      tf.data.Dataset.random(seed=1, rerandomize_each_iteration=True)
+      .shuffle(8, seed=2))
+  # A fixed inner order, one shuffle, or a repeat: resumable, not refused.
+  assert refusal(R(8).shuffle(8, seed=3, reshuffle_each_iteration=False)
+                 .shuffle(16, seed=4)) is None
+  assert refusal(PIPELINES['its_own_repeat']()) is None
+  assert refusal(R(64).repeat().shuffle(64, seed=1).batch(8)) is None
+  assert not list(tmp_path.iterdir())
