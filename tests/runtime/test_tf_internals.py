@@ -198,3 +198,18 @@ def test_repeat_still_loses_a_reshuffled_pass_saved_near_its_end(tmp_path):
     assert [int(x) for x in next(restored).numpy()] == reference[0][56:]
     wrong += _epochs(restored, 1)[0] != reference[1]
   assert wrong > 0
+
+
+def test_a_reshuffling_op_below_a_shuffle_is_found_in_the_graph():
+  range_ = tf.data.Dataset.range
+  assert tf_internals.reseeding_below_shuffle(
+      range_(8).shuffle(8, seed=1).map(lambda x: x + 1).shuffle(8, seed=2)
+      .batch(2)) == ('ShuffleDatasetV3', 'ShuffleDatasetV3')
+  assert tf_internals.reseeding_below_shuffle(tf.data.Dataset.zip(
+      (range_(8), range_(8).shuffle(8, seed=1))).shuffle(8, seed=2)) == (
+          'ShuffleDatasetV3', 'ShuffleDatasetV3')
+  assert tf_internals.reseeding_below_shuffle(
+      range_(8).shuffle(8, seed=1).batch(2).prefetch(2).repeat()) is None
+  assert tf_internals.reseeding_below_shuffle(
+      range_(8).shuffle(8, seed=1, reshuffle_each_iteration=False)
+      .shuffle(8, seed=2)) is None
