@@ -20,8 +20,9 @@ interleave saves and restores it after the first, under the lock its reads
 take, so a prefetch reading across a pass's end in the background cannot
 slip a draw in between (an unread iterator saved beside a plain repeat()
 iterator could: 7 to 11 of 48 restores wrong, against 0 of 192 here;
-tests/data/test_resumable.py). A step reads as from `repeat()`. A reshuffling shuffle below another shuffle cannot be
-helped so (the inner one starts lazily): it is refused before training
+tests/data/test_resumable.py). A step reads as from `repeat()`. A
+reshuffling shuffle below another shuffle cannot be helped so (the inner
+one starts lazily): it is refused before training
 (`tf_internals.reseeding_below_shuffle`).
 """
 

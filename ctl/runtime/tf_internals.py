@@ -140,10 +140,7 @@ def symbolic_checkpoint_hazard(dataset: tf.data.Dataset) -> str | None:
   """
   if not dataset.options().experimental_symbolic_checkpoint:
     return None
-  graph = tf.compat.v1.GraphDef.FromString(
-      dataset._as_serialized_graph(  # pylint: disable=protected-access
-          external_state_policy=(
-              tf.data.experimental.ExternalStatePolicy.IGNORE)).numpy())
+  graph = _graph_def(dataset)
   # Nested pipelines (interleave, flat_map) are functions of the library.
   ops = {node.op for node in graph.node} | {
       node.op for function in graph.library.function
@@ -184,15 +181,12 @@ def reseeding_below_shuffle(dataset: tf.data.Dataset) -> tuple[str, str] | None:
   inside interleave or flat_map functions are new datasets, and
   generators, per element.
   """
-  graph = tf.compat.v1.GraphDef.FromString(
-      dataset._as_serialized_graph(  # pylint: disable=protected-access
-          external_state_policy=(
-              tf.data.experimental.ExternalStatePolicy.IGNORE)).numpy())
+  graph = _graph_def(dataset)
   nodes = {node.name: node for node in graph.node}
 
   def inputs(node):
-    return [nodes[name.lstrip('^').split(':')[0]] for name in node.input
-            if name.lstrip('^').split(':')[0] in nodes]
+    names = (name.lstrip('^').split(':')[0] for name in node.input)
+    return [nodes[name] for name in names if name in nodes]
 
   def reseeds(node) -> bool:
     if node.op not in _RESEEDING:
@@ -211,3 +205,11 @@ def reseeding_below_shuffle(dataset: tf.data.Dataset) -> tuple[str, str] | None:
 
   [output] = [node for node in graph.node if node.op == '_Retval']
   return below(output, None)
+
+
+def _graph_def(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
+  """The dataset's graph as an iterator save serializes it."""
+  return tf.compat.v1.GraphDef.FromString(
+      dataset._as_serialized_graph(  # pylint: disable=protected-access
+          external_state_policy=(
+              tf.data.experimental.ExternalStatePolicy.IGNORE)).numpy())
