@@ -266,6 +266,31 @@ class StoppedByAnAction(NoisyRegression):
     return [StopRequest(at=20)]
 
 
+class StopAt(ctl.Action):
+  """Asks to stop after step 6 (not a step the tests log at)."""
+
+  when = ctl.When(steps=6)
+
+  def run(self, event):
+    event.request_stop(f'asked at step {event.step}')
+
+
+class CountsSteps(NoisyRegression):
+  """A train metric counting the steps it was updated in; stopped by an
+  action after step 6."""
+
+  def build(self):
+    super().build()
+    self.train_metrics = [keras.metrics.Sum('steps_counted')]
+
+  def train_step(self, batch, ctx):
+    self.train_metrics[0].update_state(1.0)
+    return super().train_step(batch, ctx)
+
+  def actions(self):
+    return [StopAt()]
+
+
 class SeesEvalResults(NoisyRegression):
   """eval_end reads the pass's results; there are no per-example outputs."""
 

@@ -144,8 +144,9 @@ class TrainLoop:
         [self._stop_signal.requested,
          *(self._clocks[index].due() for index in timed)], tf.int32)
     self._speed.start()
-    outputs = self._runner.train_loop(iterator, tf.constant(num_steps),
-                                      requests)
+    outputs = self._runner.train_loop(
+        iterator, tf.constant(num_steps), requests,
+        read_metrics=self._reporter.due_at(step))
     logs = {name: float(value) for name, value in outputs['logs'].items()}
     loop_logs = {name: float(value)
                  for name, value in outputs['loop_logs'].items()}
@@ -156,7 +157,7 @@ class TrainLoop:
                    self.first_step_seconds)
     if self._stop_on_divergence:
       check_finite(logs, previous_step, step)
-    self._reporter.add(logs, num_steps, loop_logs)
+    self._reporter.add(logs, num_steps, loop_logs, outputs.get('metrics'))
     return (agreed[0],
             {index for index, due in zip(timed, agreed[1:]) if due}, logs)
 
@@ -198,6 +199,7 @@ class TrainLoop:
   def _roll_back(self, event: actions_lib.Event) -> None:
     """Puts back the latest checkpoint's weights; the data goes on."""
     restored = self._restore_weights()
+    self._reporter.restored()
     logging.warning(
         'Rolled back after step %d: %s. The weights of step %d are back; '
         'the data of steps %d..%d is skipped.', event.step,
@@ -238,7 +240,10 @@ class Reporter:
   def __init__(self, *, length: state_lib.TrainingLength,
                metrics: metric_reading.MetricReader,
                writer: summaries.MetricWriter, speed: speed_lib.SpeedMeter,
-               summary_when: actions_lib.When):
+               when: actions_lib.When, summary_when: actions_lib.When):
+    """Args as named; when: the report action's, summary_when: the
+    summaries' (a report writes them when both are due)."""
+    self.when = when
     self._length = length
     self._metrics = metrics
     self._writer = writer
@@ -247,15 +252,33 @@ class Reporter:
     self._sums: dict[str, float] = {}
     self._steps = 0
     self._latest: dict[str, float] = {}  # The latest loop's loop_logs.
+    self._metric_results = None  # Read by the loop, for the next report.
     self.latest: dict[str, float] = {}  # The latest report's values.
 
+  def due_at(self, step: int) -> bool:
+    """Whether the report is due after `step` by its counts or as the end
+    of training (not by a request: a stop's report reads the metrics
+    itself)."""
+    return self.when.due_at(step, self._length.steps_per_epoch,
+                            step >= self._length.total_steps)
+
   def add(self, logs: dict[str, float], num_steps: int,
-          loop_logs: dict[str, float]) -> None:
-    """Adds a loop's mean logs; keeps its loop_logs, the latest."""
+          loop_logs: dict[str, float], metric_results=None) -> None:
+    """Adds a loop's mean logs; keeps its loop_logs, the latest, and the
+    train metrics' results if the loop read them (then reset them)."""
     for name, value in logs.items():
       self._sums[name] = self._sums.get(name, 0.0) + value * num_steps
     self._steps += num_steps
     self._latest = loop_logs
+    if metric_results is not None:
+      self._metric_results = metric_reading.as_python(metric_results)
+
+  def restored(self) -> None:
+    """After a rollback restored the metrics' state of a checkpoint: when
+    the loop already read this report's metrics, that state would count in
+    the next report; it is reset."""
+    if self._metric_results is not None:
+      self._metrics.reset()
 
   def report(self, event: actions_lib.Event) -> None:
     """Logs (and at summary steps summarises) everything since the last."""
@@ -264,7 +287,10 @@ class Reporter:
                } if self._steps else {}
     self._sums, self._steps = {}, 0
     scalars.update(self._latest)
-    scalars.update(self._metrics.read_and_reset())
+    if self._metric_results is None:
+      self._metric_results = self._metrics.read_and_reset()
+    scalars.update(self._metric_results)
+    self._metric_results = None
     steps_per_second = self._speed.steps_per_second()
     if steps_per_second:
       scalars['steps_per_second'] = steps_per_second

@@ -30,13 +30,13 @@ class MetricReader:
     """{name: result}: floats for scalars, arrays for the rest."""
     if not self._metrics:
       return {}
-    return _as_python(self._read())
+    return as_python(self._read())
 
   def read_and_reset(self) -> dict[str, float | np.ndarray]:
     """read(), then reset(), in one tf.function call."""
     if not self._metrics:
       return {}
-    return _as_python(self._read_and_reset())
+    return as_python(self._read_and_reset())
 
   def reset(self) -> None:
     if self._metrics:
@@ -67,13 +67,18 @@ class MetricReader:
 
   @tf.function(autograph=False)
   def _read_and_reset(self):
+    return self.read_and_reset_in_graph()
+
+  def read_and_reset_in_graph(self) -> dict[str, tf.Tensor]:
+    """read_and_reset's ops, in the tf.function being traced (the training
+    loop's, at the end of a loop after which a report is due)."""
     results = self._results()
     with tf.control_dependencies(tf.nest.flatten(results)):
       self._reset_all()
     return results
 
 
-def _as_python(results) -> dict[str, float | np.ndarray]:
+def as_python(results) -> dict[str, float | np.ndarray]:
   return {name: (float(value) if value.shape.rank == 0 else value.numpy())
           for name, value in results.items()}
 

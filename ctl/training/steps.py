@@ -2,8 +2,9 @@
 
 `train_loop` runs a loop of steps inside one tf.function (a graph loop
 whose count is a tensor, so it never retraces) and returns the loop's mean
-logs and the workers' agreed requests, in one all-reduce. The Python loop
-in ctl/training/loop.py owns everything else. ctl's own code is traced
+logs and the workers' agreed requests, in one all-reduce, and, when a
+report is due after the loop, the train metrics, read and reset. The
+Python loop in ctl/training/loop.py owns everything else. ctl's own code is traced
 without AutoGraph: it has no Python control flow on tensors, and
 converting it cost most of the first step's tracing time. The task's own
 hooks are converted (`task_function`, config.autograph), as a tf.function
@@ -21,6 +22,8 @@ import tensorflow as tf
 from ctl import errors
 from ctl import task as task_lib
 from ctl.cluster import distribution
+from ctl.runtime import tf_internals
+from ctl.training import metric_reading
 from ctl.training import state as state_lib
 
 # ctl's own tasks and Task's default hooks (not converted by AutoGraph).
@@ -37,7 +40,8 @@ class StepRunner:
                global_batch_size: int, seed: int, steps_per_epoch: int,
                jit_compile: str = 'off', all_reduce_dtype: str = 'float32',
                summary_steps: int = 0, autograph: bool = True,
-               accumulate_steps: int = 1):
+               accumulate_steps: int = 1,
+               train_metrics: metric_reading.MetricReader | None = None):
     """Args as named.
 
     Args:
@@ -48,6 +52,8 @@ class StepRunner:
       summary_steps: steps between the tf.summary records of a task's step.
       autograph: convert the task's Python control flow (config.autograph).
       accumulate_steps: micro-batches per update, for ctx.accumulate.
+      train_metrics: the task's train metrics, read at a loop's end when
+        asked (`train_loop`'s read_metrics).
     """
     self._strategy = strategy
     self._task = task
@@ -61,6 +67,13 @@ class StepRunner:
     self._autograph = autograph
     self._accumulate_steps = accumulate_steps
     self._local_replicas = distribution.local_replicas(strategy)
+    self._train_metrics = train_metrics or metric_reading.MetricReader([])
+    # The step, traced once and called by every trace of the loop (one with
+    # the metrics' read, one without).
+    self._step_function = tf.function(self._run_step, autograph=False)
+    self._iterator = None
+    self._loop_function = None
+    self._calls = {}  # {read_metrics: the traced loop, called flat}
     # XLA compiles one program per input shape: a step takes the loop's
     # indices and its number, a loop its indices padded to steps_per_loop.
     self._step_on_batch = self._train_on_batch
@@ -74,23 +87,43 @@ class StepRunner:
       self._run_steps = tf.function(self._loop_steps, jit_compile=True,
                                     autograph=False)
 
-  @tf.function(autograph=False)
-  def train_loop(self, iterator, num_steps: tf.Tensor,
-                 requests: tf.Tensor) -> dict[str, Any]:
+  def train_loop(self, iterator, num_steps: tf.Tensor, requests: tf.Tensor,
+                 read_metrics: bool = False) -> dict[str, Any]:
     """Runs num_steps training steps, then agrees on what to do next.
 
     Args:
-      iterator: from train_input.make_iterator.
+      iterator: from train_input.make_iterator; the same one for a run's
+        loops. The tf.function closes over it, and is called on its flat
+        tensors (`tf_internals.flat_caller`): binding an iterator and the
+        other arguments cost each call about 0.3 ms (BENCHMARKS.md,
+        "Per-loop costs").
       num_steps: a scalar int32 tensor, at least 1.
       requests: this worker's int32 flags, e.g. [stop, save].
+      read_metrics: also read and reset the train metrics after the steps
+        (when a report is due after the loop): one call less a report.
 
     Returns:
       'logs': the task's logs averaged over the loop's steps and replicas;
       'loop_logs': the task's loop_logs after the loop;
       'requests': `requests` summed over every replica of every worker: an
         entry > 0 means some worker asked for it, and every worker gets the
-        same answer after the same step.
+        same answer after the same step;
+      'metrics' (with read_metrics): {name: result} of the train metrics,
+        read after the steps, then reset.
     """
+    if iterator is not self._iterator:
+      self._iterator = iterator
+      self._loop_function = tf.function(
+          lambda num_steps, requests, read_metrics: self._train_loop(
+              iterator, num_steps, requests, read_metrics), autograph=False)
+      self._calls = {}
+    if read_metrics not in self._calls:
+      self._calls[read_metrics] = tf_internals.flat_caller(
+          self._loop_function, num_steps, requests, read_metrics)
+    return self._calls[read_metrics](num_steps, requests)
+
+  def _train_loop(self, iterator, num_steps: tf.Tensor, requests: tf.Tensor,
+                  read_metrics: bool) -> dict[str, Any]:
     loop_data = self._input.loop_data(iterator, num_steps)
     sums = self._run_steps(loop_data, num_steps)
     self._state.advance(num_steps, self._steps_per_epoch)
@@ -111,8 +144,11 @@ class StepRunner:
     loop_logs = {name: tf.cast(value, tf.float32)
                  for name, value in
                  task_function(self._task.loop_logs, self._autograph)().items()}
-    return {'logs': logs, 'loop_logs': loop_logs,
-            'requests': tf.cast(tf.round(totals[len(names):]), tf.int32)}
+    outputs = {'logs': logs, 'loop_logs': loop_logs,
+               'requests': tf.cast(tf.round(totals[len(names):]), tf.int32)}
+    if read_metrics:  # After the steps: automatic control dependencies.
+      outputs['metrics'] = self._train_metrics.read_and_reset_in_graph()
+    return outputs
 
   def _loop_steps(self, loop_data, num_steps: tf.Tensor) -> dict:
     """The first num_steps steps; this worker's example-weighted log sums.
@@ -124,7 +160,7 @@ class StepRunner:
     """
     first_step = self._state.step.read_value()
     zero = tf.constant(0)
-    run_step = tf.function(self._run_step, autograph=False).get_concrete_function(
+    run_step = self._step_function.get_concrete_function(
         loop_data, zero, first_step)
     sums = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
                                  run_step.structured_outputs)

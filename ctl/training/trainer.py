@@ -153,6 +153,7 @@ class Trainer:
     step = int(self.state.step.numpy())
     if self._stopped or step >= self.length.total_steps:
       return self._stopped
+    train_metrics = metric_reading.MetricReader(self.task.train_metrics)
     runner = steps_lib.StepRunner(
         strategy=self.strategy, task=self.task, train_input=self.train_input,
         state=self.state, global_batch_size=self.length.global_batch_size,
@@ -161,13 +162,16 @@ class Trainer:
         all_reduce_dtype=self.config.distribution.all_reduce_dtype,
         summary_steps=self.config.intervals.summary_steps,
         autograph=self.config.autograph,
-        accumulate_steps=self.config.accumulate_steps)
+        accumulate_steps=self.config.accumulate_steps,
+        train_metrics=train_metrics)
+    intervals = self.config.intervals
     reporter = loop_lib.Reporter(
-        length=self.length,
-        metrics=metric_reading.MetricReader(self.task.train_metrics),
+        length=self.length, metrics=train_metrics,
         writer=self.train_writer, speed=self.speed,
-        summary_when=When(steps=self.config.intervals.summary_steps,
-                          epochs=1, at_end=True))
+        when=When(steps=(intervals.log_steps, intervals.summary_steps),
+                  epochs=1, at_end=True),
+        summary_when=When(steps=intervals.summary_steps, epochs=1,
+                          at_end=True))
     self.loop = loop_lib.TrainLoop(
         runner=runner, length=self.length,
         steps_per_loop=self.config.steps_per_loop,
@@ -199,9 +203,7 @@ class Trainer:
              if action.handles_divergence]
     return [
         *first,
-        call('report', When(steps=(intervals.log_steps,
-                                   intervals.summary_steps),
-                            epochs=1, at_end=True), reporter.report),
+        call('report', reporter.when, reporter.report),
         call('evaluate', When(steps=intervals.eval_steps, epochs=1,
                               at_end=True, on_request='evaluate'),
              self.evaluation),

@@ -213,3 +213,31 @@ def test_a_reshuffling_op_below_a_shuffle_is_found_in_the_graph():
   assert tf_internals.reseeding_below_shuffle(
       range_(8).shuffle(8, seed=1, reshuffle_each_iteration=False)
       .shuffle(8, seed=2)) is None
+
+
+def test_a_flat_call_runs_the_trace_as_the_public_call_does():
+  variable = tf.Variable(1.0)
+
+  @tf.function(autograph=False)
+  def loop(num_steps, requests, read: bool):
+    variable.assign_add(tf.cast(num_steps, tf.float32))
+    outputs = {'logs': {'total': variable.read_value()}, 'requests': requests}
+    if read:
+      outputs['read'] = variable * 2
+    return outputs
+
+  for read in (False, True):
+    call = tf_internals.flat_caller(loop, tf.constant(3), tf.constant([0, 1]),
+                                    read)
+    # The private call was taken, not the fallback (a TensorFlow change).
+    assert not isinstance(call, type(loop.get_concrete_function(
+        tf.constant(3), tf.constant([0, 1]), read)))
+    before = variable.numpy()
+    flat = call(tf.constant(2), tf.constant([1, 0]))
+    public = loop(tf.constant(2), tf.constant([1, 0]), read)
+    assert flat['logs']['total'].numpy() == before + 2
+    assert public['logs']['total'].numpy() == before + 4
+    assert flat['requests'].numpy().tolist() == [1, 0]
+    assert sorted(flat) == sorted(public)
+  # One trace per Python value, none for the flat calls.
+  assert loop.experimental_get_tracing_count() == 2

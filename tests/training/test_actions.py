@@ -174,3 +174,15 @@ def test_a_spiking_loss_is_rolled_back_and_the_run_finishes(tmp_path):
   plain = helpers.run_ctl(*args[:2], f'--workdir={tmp_path / "plain"}')
   assert plain.returncode != 0 or (
       helpers.read_results(tmp_path / 'plain')['eval']['mae'] > 1)
+
+
+def test_each_report_counts_the_train_metrics_of_its_steps_once(tmp_path):
+  # Loops of 2 steps, reports every 4: the loop ending at a report reads
+  # the metrics itself (steps 4); the stop an action asks after step 6
+  # brings a report that reads them in a call of its own.
+  config = _noisy('CountsSteps', steps_per_loop=2, log_csv=True,
+                  **{'intervals.log_steps': 4})
+  run.train_and_evaluate(config, str(tmp_path))
+  counted = [(step, value) for step, name, value in _csv_rows(tmp_path)
+             if name == 'train/steps_counted']
+  assert counted == [('4', '4.0'), ('6', '2.0')]
