@@ -4,8 +4,8 @@
 whose count is a tensor, so it never retraces) and returns the loop's mean
 logs and the workers' agreed requests, in one all-reduce, and, when a
 report is due after the loop, the train metrics, read and reset. The
-Python loop in ctl/training/loop.py owns everything else. ctl's own code is traced
-without AutoGraph: it has no Python control flow on tensors, and
+Python loop in ctl/training/loop.py owns everything else. ctl's own code
+is traced without AutoGraph: it has no Python control flow on tensors, and
 converting it cost most of the first step's tracing time. The task's own
 hooks are converted (`task_function`, config.autograph), as a tf.function
 would convert them.
