@@ -102,13 +102,15 @@ def test_the_elastic_section_s_measures_run(tmp_path):
 
 def test_processes_in_turns_run_only_in_their_own_windows():
   # Two real processes, each stopped (SIGSTOP) outside its turns.
-  # About 1-3 s of work each: several turns of 0.3 s, however fast.
+  # About 3-7 s of work each: several measured turns of 0.3 s each in the
+  # runs' second halves, however fast (with 1-3 s, a fresh clone once had
+  # no two adjacent windows measured).
   contender = ('benchmarks.timeslice:python_loop_progress',
-               {'total_steps': 12_000})
+               {'total_steps': 30_000})
   windows, progress = timeslice.run_in_turns(
       {'one': contender, 'two': contender}, window_seconds=0.3)
   for name in ('one', 'two'):
-    _assert_progress_to(progress[name], 12_000)
+    _assert_progress_to(progress[name], 30_000)
   margin = 0.05  # A signal takes effect within microseconds.
   for window in windows:
     for other in {'one', 'two'} - {window.contender}:
