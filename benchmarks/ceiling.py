@@ -4,7 +4,8 @@ Each worker runs the tutorials' CNN step (forward, backward, the gradients'
 all-reduce and RMSprop's update, as Keras does them) on one batch of 64
 already in memory, 100 steps per tf.function call, summing its loss on
 the worker (a loss nobody reads, TensorFlow leaves out: the L2 penalty's
-sum over the kernels): no input pipeline, metrics, checkpoints or logs.
+sum over the kernels) and updating the task's accuracy, as ctl's step
+does: no input pipeline, metric reads, checkpoints or logs.
 No training loop on the same workers can be faster.
 
     # From the repository root:
@@ -42,7 +43,7 @@ def main(steps_per_call: int = _STEPS_PER_CALL) -> None:
   workload = bw.WORKLOADS['cnn']
   with strategy.scope():
     data, task, _ = bw.parts(workload)  # The optimizer's slots are built.
-  model, optimizer = task.model, task.optimizer
+  model, optimizer, metrics = task.model, task.optimizer, task.train_metrics
   per_example_loss = keras.losses.SparseCategoricalCrossentropy(
       from_logits=True, reduction=None)
   global_batch_size = workload.batch_size * strategy.num_replicas_in_sync
@@ -53,12 +54,15 @@ def main(steps_per_call: int = _STEPS_PER_CALL) -> None:
 
   def replica_step():
     with tf.GradientTape() as tape:
+      logits = model(features, training=True)
       value = tf.nn.compute_average_loss(
-          per_example_loss(labels, model(features, training=True)),
+          per_example_loss(labels, logits),
           global_batch_size=global_batch_size)
       value += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
     gradients = tape.gradient(value, model.trainable_variables)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    for metric in metrics:
+      metric.update_state(labels, logits)
     return value
 
   def worker_loss(_):

@@ -7,9 +7,10 @@ of the compute-only loop, the same steps, op by op.
 Each contender trains in a process of its own (as in benchmarks/timeslice.py),
 traced over `steps` steps after three loops of warm-up: ctl's trainer with
 its defaults, and the compute-only loop reading its batches as a training
-loop must (a gather from the examples in memory) and summing its loss
-(benchmarks/workloads.py). It prints each one's milliseconds per step
-in all, then per XLA operation (each run once a step), side by side.
+loop must (a gather from the examples in memory), summing its loss and
+updating the task's accuracy (benchmarks/workloads.py). It prints each
+one's milliseconds per step in all, then per XLA operation (each run once
+a step), side by side.
 BENCHMARKS.md, "Where the CNN's time goes", reads from it.
 """
 

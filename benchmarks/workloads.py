@@ -286,14 +286,19 @@ def _step_loop(step: Callable[[tf.Tensor], tf.Tensor], jit_compile: str):
   return loop
 
 
-def _train_step(model, optimizer, loss):
-  """step(features, labels) -> the loss, as ctl's task computes it."""
+def _train_step(model, optimizer, loss, metrics=()):
+  """step(features, labels) -> the loss, as ctl's task computes it, and
+  the task's train metrics updated as its train_step does (metrics: the
+  task's train_metrics; none in the hand-written loop)."""
   def step(features, labels):
     with tf.GradientTape() as tape:
-      value = loss(labels, model(features, training=True))
+      logits = model(features, training=True)
+      value = loss(labels, logits)
       value += tf.add_n(model.losses)
     gradients = tape.gradient(value, model.trainable_variables)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    for metric in metrics:
+      metric.update_state(labels, logits)
     return value
   return step
 
@@ -312,14 +317,18 @@ def hand_loop_speed(workload: Workload, **pipeline) -> Callable[[], float]:
 
 
 def compute_only_speed(workload: Workload, jit_compile: str = 'off',
-                       gather: bool = False) -> Callable[[], float]:
+                       gather: bool = False,
+                       metrics: bool = True) -> Callable[[], float]:
   """(c) The same step on batches already in memory: the ceiling.
 
   jit_compile: as ctl's; ctl's 'auto' is the ceiling of ctl's default.
   gather: see _batch_reader.
+  metrics: whether the step updates the task's train metrics (the
+    accuracy), as the task's train_step in ctl does.
   """
   data, task, loss = parts(workload)
-  step = _train_step(task.model, task.optimizer, loss)
+  step = _train_step(task.model, task.optimizer, loss,
+                     task.train_metrics if metrics else ())
   batch_of = _batch_reader(data, workload.batch_size, gather)
   return _loop_speed(lambda i: step(*batch_of(i)), workload.measure_steps,
                      jit_compile=_jit_mode(jit_compile, task))
@@ -442,7 +451,7 @@ def report_milliseconds(writer: str, num_reports: int = 50) -> float:
 
 def compute_only_progress(workload: str, total_steps: int,
                           jit_compile: str = 'auto', gather: bool = False,
-                          steps_per_loop: int = 100
+                          steps_per_loop: int = 100, metrics: bool = True
                           ) -> Callable[[], list[tuple[int, float]]]:
   """(c) The compute-only loop, as compute_only_speed's, trained for
   total_steps: a function returning its progress after each loop
@@ -450,7 +459,8 @@ def compute_only_progress(workload: str, total_steps: int,
   def train() -> list[tuple[int, float]]:
     spec = WORKLOADS[workload]
     data, task, loss = parts(spec)
-    step = _train_step(task.model, task.optimizer, loss)
+    step = _train_step(task.model, task.optimizer, loss,
+                       task.train_metrics if metrics else ())
     batch_of = _batch_reader(data, spec.batch_size, gather)
     loop = _step_loop(lambda i: step(*batch_of(i)),
                       _jit_mode(jit_compile, task))

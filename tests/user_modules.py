@@ -113,6 +113,27 @@ class NoisyRegression(ctl.Task):
     return {'mse': tf.reduce_mean(tf.square(prediction - y))}
 
 
+class EvalInOrder(NoisyRegression):
+  """Its eval_step returns each example's index: eval_end gets them in the
+  examples' order, each once (13 examples: the last batch is partial)."""
+
+  NUM_EVAL = 13
+
+  def eval_data(self, context):
+    del context
+    features, targets = self._examples(1, self.NUM_EVAL)
+    return ctl.InMemory((np.arange(self.NUM_EVAL, dtype=np.int32), features,
+                         targets))
+
+  def eval_step(self, batch, ctx):
+    index, x, y = batch
+    return {**super().eval_step((x, y), ctx), 'index': index}
+
+  def eval_end(self, name, outputs, results):
+    return {'in_order': float(np.array_equal(outputs['index'],
+                                              np.arange(self.NUM_EVAL)))}
+
+
 class StatefulPipeline(NoisyRegression):
   """Augments with a stateful op: its data position cannot be saved."""
 

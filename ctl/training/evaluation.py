@@ -1,11 +1,14 @@
 """One pass over each of a task's eval sets: logs, metrics, whole-pass results.
 
-A set is read through `distribute_datasets_from_function`, whose iterator
-agrees across workers on the end of the data (replicas without data get
-an empty batch). Per batch, a tf.function runs the task's eval_step on
-every replica; scalar logs are summed locally, weighted by examples, and
-all-reduced once per pass; per-example outputs are gathered from every
-replica and worker and handed to the task's `eval_end` at the end.
+A tf.data set is read through `distribute_datasets_from_function`, whose
+iterator agrees across workers on the end of the data (replicas without
+data get an empty batch). A `ctl.InMemory` set needs no iterator: each
+replica gathers its share of each batch from the arrays (`InMemory.
+eval_batch`), as training does. Per batch, a tf.function runs the task's
+eval_step on every replica; scalar logs are summed locally, weighted by
+examples, and all-reduced once per pass; per-example outputs are gathered
+from every replica and worker and handed to the task's `eval_end` at the
+end.
 """
 
 from collections.abc import Callable, Mapping
@@ -41,7 +44,8 @@ class Evaluator:
     self._seed = seed
     self._make_writer = make_writer
     self._autograph = autograph
-    self._sets = None  # {name: distributed dataset}, made at first use.
+    # {name: distributed dataset or ctl.InMemory}, made at first use.
+    self._sets = None
     self._writers = {}
     self._functions = {}
     self._metrics = metric_reading.MetricReader(task.eval_metrics)
@@ -75,7 +79,8 @@ class Evaluator:
     return self._writers[name]
 
   def _eval_sets(self) -> dict[str, Any]:
-    """The task's eval sets as distributed datasets, made once."""
+    """The task's eval sets, made once: tf.data sets distributed, in-memory
+    ones held as tensors."""
     if self._sets is None:
       sets = self._task.eval_data(self._context)
       if sets is None:
@@ -88,20 +93,17 @@ class Evaluator:
 
   def _distribute(self, data):
     if isinstance(data, in_memory.InMemory):
-      return self._strategy.distribute_datasets_from_function(
-          lambda context: data.eval_dataset(context, self._eval_batch_size))
+      data.materialize()
+      return data
     # Built for this worker's pipeline: each worker returns its own.
     return self._strategy.distribute_datasets_from_function(
         lambda context: data)
 
-  def _evaluate_set(self, name: str, dataset, step: int) -> dict[str, Any]:
+  def _evaluate_set(self, name: str, data, step: int) -> dict[str, Any]:
     """One pass over a set; its logs, metrics and eval_end results."""
     self._metrics.reset()
-    run_batch = self._function(name, dataset)
     sums, outputs = {}, {}
-    step_tensor = tf.constant(step, tf.int64)
-    for batch in dataset:
-      batch_sums, batch_outputs = run_batch(batch, step_tensor)
+    for batch_sums, batch_outputs in self._run_batches(name, data, step):
       for key, value in batch_sums.items():
         sums[key] = sums.get(key, 0.0) + value.numpy()
       for key, value in batch_outputs.items():
@@ -114,20 +116,41 @@ class Evaluator:
                                        dict(results)))
     return results
 
-  def _function(self, name: str, dataset) -> Callable:
-    """The tf.function that evaluates one batch of set `name`."""
-    if name not in self._functions:
-      def run_batch(batch, step):
-        outputs = self._strategy.run(self._eval_replica, args=(batch, step))
+  def _run_batches(self, name: str, data, step: int):
+    """Evaluates each batch of a set: yields its (log sums, per-example
+    outputs) on this worker."""
+    step = tf.constant(step, tf.int64)
+    if not isinstance(data, in_memory.InMemory):
+      run_batch = self._function(name, lambda batch: batch)
+      for batch in data:
+        yield run_batch(batch, step)
+      return
+    size = self._eval_batch_size
+    for index in range(data.eval_batches(size)):
+      full = (index + 1) * size <= len(data)  # Traced apart: a static size.
+      run_batch = self._function((name, full), lambda index, full=full: (
+          data.eval_batch(index, size, full)))
+      yield run_batch(tf.constant(index, tf.int64), step)
+
+  def _function(self, function_key, read: Callable) -> Callable:
+    """The tf.function that evaluates one batch: each replica's batch is
+    read(input) (the input: a distributed batch, or an in-memory batch's
+    index); one per function_key."""
+    if function_key not in self._functions:
+      def run_batch(batch_input, step):
+        outputs = self._strategy.run(
+            lambda batch_input, step: self._eval_replica(read(batch_input),
+                                                         step),
+            args=(batch_input, step))
         scalars, per_example = outputs
         local = {key: tf.add_n(self._strategy.experimental_local_results(v))
                  for key, v in scalars.items()}
         gathered = {key: self._strategy.gather(value, axis=0)
                     for key, value in per_example.items()}
         return local, gathered
-      self._functions[name] = tf.function(
+      self._functions[function_key] = tf.function(
           run_batch, autograph=False, reduce_retracing=True)
-    return self._functions[name]
+    return self._functions[function_key]
 
   def _eval_replica(self, batch, step):
     ctx = task_lib.StepContext(

@@ -109,17 +109,30 @@ def test_replicas_split_the_same_global_batches(pipelines, replicas):
   assert step == len(global_batches)
 
 
-@pytest.mark.parametrize('pipelines', [1, 2])
-def test_eval_covers_each_example_once(pipelines):
+@pytest.mark.parametrize('replicas,batch_size', [(1, 16), (2, 16), (4, 8),
+                                                 (1, 10), (2, 50), (4, 64)])
+def test_eval_covers_each_example_once_in_order(replicas, batch_size):
   data = in_memory.InMemory((FEATURES, LABELS))
-  counts = np.zeros(NUM_EXAMPLES)
-  for pipeline_id in range(pipelines):
-    dataset = data.eval_dataset(_context(pipelines, pipeline_id, pipelines),
-                                global_batch_size=16)
-    for _, labels in dataset:
-      assert len(labels) <= 16 // pipelines
-      np.add.at(counts, labels.numpy(), 1)
-  np.testing.assert_array_equal(counts, np.ones(NUM_EXAMPLES))
+  passed = []
+  for index in range(data.eval_batches(batch_size)):
+    full = (index + 1) * batch_size <= NUM_EXAMPLES
+    for replica in range(replicas):
+      rows = in_memory.eval_rows(
+          tf.constant(index), global_batch_size=batch_size, replica=replica,
+          num_replicas=replicas, num_examples=NUM_EXAMPLES, full=full)
+      assert len(rows) <= batch_size // replicas
+      _, labels = data.gather(rows)
+      passed.extend(labels.numpy())
+  # Gathered in replica order: the examples' own order, each once.
+  np.testing.assert_array_equal(passed, LABELS)
+
+
+def test_a_full_eval_batch_has_a_static_size():
+  rows = tf.function(lambda index: in_memory.eval_rows(
+      index, global_batch_size=16, replica=1, num_replicas=2,
+      num_examples=NUM_EXAMPLES, full=True)).get_concrete_function(
+          tf.TensorSpec([], tf.int64)).structured_outputs
+  assert rows.shape == [8]
 
 
 def test_in_memory_batches_are_gathered_and_preprocessed():

@@ -4,9 +4,11 @@ tests/split_cpu.py splits this machine's CPU into two devices, standing in
 for a machine with two GPUs; everything else is `python -m ctl.main`.
 """
 
+import json
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from ctl import errors
@@ -17,6 +19,7 @@ pytestmark = pytest.mark.slow
 ARGS = (f'--config={helpers.DIGITS}', '--config.num_epochs=2',
         '--config.intervals.log_steps=1')
 MIRRORED = '--config.distribution.strategy=mirrored'
+NOISY = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
 
 
 def _on_two_devices(*args: str) -> list[str]:
@@ -64,3 +67,23 @@ def test_sigterm_stops_two_replicas_and_the_resume_is_bit_identical(tmp_path):
   assert f'Training from step {step} to 88' in resumed.output
   assert helpers.fingerprint(resumed.output) == helpers.fingerprint(
       reference.output)
+
+
+def test_two_replicas_evaluate_each_example_once_in_order(tmp_path):
+  # 13 examples in batches of 4, 2 a replica: the last batch has one
+  # example, on the first replica; the second gets an empty batch.
+  args = (f'--config={NOISY}:EvalInOrder', '--config.total_steps=4',
+          '--config.eval_batch_size=4', f'--workdir={tmp_path}')
+  trained = helpers.run_ctl(*args)
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  one_replica = helpers.read_results(tmp_path)['eval']
+
+  evaluated = helpers.Watched(_on_two_devices(*args, MIRRORED,
+                                              '--mode=evaluate'))
+  assert evaluated.wait() == 0, evaluated.output[-3000:]
+  two_replicas = json.loads(
+      (tmp_path / 'eval' / 'results.json').read_text())['eval']
+  assert one_replica['in_order'] == two_replicas['in_order'] == 1.0
+  for name in ('mse', 'mae'):
+    np.testing.assert_allclose(two_replicas[name], one_replica[name],
+                               rtol=1e-6, err_msg=name)
