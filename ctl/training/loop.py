@@ -29,6 +29,9 @@ from ctl.training import metric_reading
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 
+# The loop arguments kept as tensors (TrainLoop._int32_tensor).
+_MAX_TENSORS = 256
+
 
 @dataclasses.dataclass(frozen=True)
 class Stopped:
@@ -83,6 +86,7 @@ class TrainLoop:
                     if action.when.secs}
     self.eval_results = None  # The latest evaluation's.
     self.first_step_seconds = None
+    self._tensors = {}  # {value: int32 tensor}, see _int32_tensor.
 
   def plan(self, step: int) -> loop_plan.LoopPlan:
     """The loops from `step` to the end: they end where some action is due
@@ -140,12 +144,12 @@ class TrainLoop:
     actions some worker's clock says are due, and the loop's logs."""
     num_steps = step - previous_step
     timed = sorted(self._clocks)
-    requests = tf.constant(
-        [self._stop_signal.requested,
-         *(self._clocks[index].due() for index in timed)], tf.int32)
+    requests = self._int32_tensor((
+        self._stop_signal.requested,
+        *(self._clocks[index].due() for index in timed)))
     self._speed.start()
     outputs = self._runner.train_loop(
-        iterator, tf.constant(num_steps), requests,
+        iterator, self._int32_tensor(num_steps), requests,
         read_metrics=self._reporter.due_at(step))
     logs = {name: float(value) for name, value in outputs['logs'].items()}
     loop_logs = {name: float(value)
@@ -160,6 +164,16 @@ class TrainLoop:
     self._reporter.add(logs, num_steps, loop_logs, outputs.get('metrics'))
     return (agreed[0],
             {index for index, due in zip(timed, agreed[1:]) if due}, logs)
+
+  def _int32_tensor(self, value: int | tuple[bool, ...]) -> tf.Tensor:
+    """value as an int32 tensor, made once: a loop's arguments take few
+    values (its length, the request flags), and making them anew cost each
+    loop of the MLP 0.1-0.17 ms (BENCHMARKS.md, "Per-loop costs")."""
+    if value not in self._tensors:
+      if len(self._tensors) >= _MAX_TENSORS:  # Memory stays bounded.
+        self._tensors.clear()
+      self._tensors[value] = tf.constant(value, tf.int32)
+    return self._tensors[value]
 
   def _run_actions(self, event: actions_lib.Event, time_due: set[int]) -> None:
     """Runs the actions due, in order; a request, a log line or an
