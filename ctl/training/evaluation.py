@@ -87,11 +87,12 @@ class Evaluator:
         sets = {}
       elif not isinstance(sets, Mapping):
         sets = {SINGLE: sets}
-      self._sets = {name: self._distribute(data) for name, data in
+      self._sets = {name: self._prepare(data) for name, data in
                     sets.items()}
     return self._sets
 
-  def _distribute(self, data):
+  def _prepare(self, data):
+    """A tf.data set distributed; an in-memory one held as tensors."""
     if isinstance(data, in_memory.InMemory):
       data.materialize()
       return data
@@ -126,8 +127,8 @@ class Evaluator:
         yield run_batch(batch, step)
       return
     size = self._eval_batch_size
-    for index in range(data.eval_batches(size)):
-      full = (index + 1) * size <= len(data)  # Traced apart: a static size.
+    for index, full in data.eval_batches(size):
+      # Traced apart: a full batch has a static size.
       run_batch = self._function((name, full), lambda index, full=full: (
           data.eval_batch(index, size, full)))
       yield run_batch(tf.constant(index, tf.int64), step)

@@ -114,8 +114,7 @@ def test_replicas_split_the_same_global_batches(pipelines, replicas):
 def test_eval_covers_each_example_once_in_order(replicas, batch_size):
   data = in_memory.InMemory((FEATURES, LABELS))
   passed = []
-  for index in range(data.eval_batches(batch_size)):
-    full = (index + 1) * batch_size <= NUM_EXAMPLES
+  for index, full in data.eval_batches(batch_size):
     for replica in range(replicas):
       rows = in_memory.eval_rows(
           tf.constant(index), global_batch_size=batch_size, replica=replica,
