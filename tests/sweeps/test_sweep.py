@@ -192,7 +192,10 @@ def _read_hparams(sweep_dir, trial_dirs):
 
 @pytest.mark.slow
 def test_a_killed_sweep_skips_finished_trials_and_resumes_the_rest(tmp_path):
-  trials = hyper.product(hyper.fixed({'num_epochs': 2}),
+  # 20 epochs: killed at its first checkpoint (step 44), the second trial
+  # has 836 steps to go (about a second); with 2 epochs it once finished
+  # within the 50 ms the test takes to see that checkpoint.
+  trials = hyper.product(hyper.fixed({'num_epochs': 20}),
                          hyper.sweep('optimizer.learning_rate',
                                      [0.001, 0.002, 0.003]))
   sweep_file, workdir = _write_sweep(tmp_path, trials), tmp_path / 'sweep'
