@@ -174,10 +174,12 @@ def base_config() -> ml_collections.ConfigDict:
   config.distribution.slurm_port_base = 8888
   # Cross-worker all-reduce: 'AUTO', 'RING' or 'NCCL'.
   config.distribution.collective = 'AUTO'
-  # Seconds a collective may wait for a peer before the job fails (exit
-  # code 43), so that a dead or hung worker never blocks the others
-  # forever; 0 waits forever. Must exceed the longest checkpoint save and
-  # the first step's tracing.
+  # Seconds a worker may go without progress (a step, an evaluation batch,
+  # an action) while it trains before the job fails (exit code 43), so
+  # that a dead or hung worker never blocks the others forever
+  # (ctl/cluster/watchdog.py); 0 waits forever. Reading data does not
+  # count. Must exceed the longest checkpoint save or restore and the
+  # first loop's tracing.
   config.distribution.timeout_seconds = 600.0
   # Seconds a worker waits at start-up for every task of the cluster to
   # join; after that it exits with code 43 naming the tasks that did not

@@ -2,6 +2,7 @@
 module:function or module:Class."""
 
 import os
+import time
 
 import keras
 import numpy as np
@@ -442,3 +443,29 @@ def write_id_records(directory, counts=(130, 110, 120, 140, 100)) -> str:
         })).SerializeToString())
     first += count
   return f'{directory}/part-*.tfrecord'
+
+
+class StuckInPython(ctl.Action):
+  """On every worker after each step: notes its process's thread count in
+  workdir/threads-<worker>.txt; from step 12 on, worker 1 stops in Python
+  for an hour (a task's own code that hangs, outside TensorFlow)."""
+
+  when = ctl.When(steps=1)
+  on_every_worker = True
+
+  def run(self, event):
+    with open('/proc/self/status') as status:
+      threads = next(line.split()[1] for line in status
+                     if line.startswith('Threads:'))
+    worker = 0 if event.is_chief else 1
+    path = os.path.join(event.workdir, f'threads-{worker}.txt')
+    with open(path, 'a') as file:
+      file.write(f'{event.step} {threads}\n')
+    if worker == 1 and event.step >= 12:
+      time.sleep(3600)
+
+
+class HangsInPython(NoisyRegression):
+
+  def actions(self):
+    return [StuckInPython()]

@@ -296,12 +296,13 @@ def _choose_kind(strategy: str, has_cluster: bool) -> str:
 def _communication_options(
     config: ml_collections.ConfigDict
 ) -> tf.distribute.experimental.CommunicationOptions:
+  """Without a timeout: ctl/cluster/watchdog.py bounds the waits (a
+  collective's own timeout costs a thread for its whole length)."""
   implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
                            config.collective)
   return tf.distribute.experimental.CommunicationOptions(
       bytes_per_pack=config.bytes_per_pack,
-      implementation=implementation,
-      timeout_seconds=config.timeout_seconds or None)
+      implementation=implementation)
 
 
 def local_replicas(strategy: tf.distribute.Strategy) -> int:

@@ -130,6 +130,15 @@ def coordination_service():
   return context.context()
 
 
+def abort_collectives(message: str) -> None:
+  """Fails this process's collectives, those waiting and any later one,
+  with DeadlineExceededError: what a collective's own timeout does
+  (MultiWorkerMirroredStrategy's health check aborts them the same way;
+  there is no public API)."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  context.context().abort_collective_ops(tf.errors.DEADLINE_EXCEEDED, message)
+
+
 def run_exit_handlers() -> None:
   """Runs the atexit handlers now, before an os._exit that skips them."""
   atexit._run_exitfuncs()  # pylint: disable=protected-access

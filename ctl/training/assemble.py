@@ -6,6 +6,7 @@ training restores into it, and learning-rate schedules see the same
 `total_steps`.
 """
 
+import contextlib
 import dataclasses
 
 import keras
@@ -20,6 +21,7 @@ from ctl.checkpoints import contents as checkpoint_contents
 from ctl.data import inputs
 from ctl.data import tfrecord
 from ctl.cluster import distribution
+from ctl.cluster import watchdog as watchdog_lib
 from ctl.runtime import tf_internals
 from ctl.training import ema
 from ctl.training import state as state_lib
@@ -68,17 +70,23 @@ class Assembled:
 def assemble(config: ml_collections.ConfigDict,
              strategy: tf.distribute.Strategy,
              task_info: distribution.Role,
-             task_class: type[task_lib.Task]) -> Assembled:
-  """Creates the task, reads its training data's length, and builds it."""
+             task_class: type[task_lib.Task],
+             watchdog: watchdog_lib.Watchdog | None = None) -> Assembled:
+  """Creates the task, reads its training data's length, and builds it.
+
+  Reading the data waits on no peer: the watchdog (training's) does not
+  count it.
+  """
   keras.utils.set_random_seed(config.seed)
   state_lib.check_batch_sizes(config, strategy.num_replicas_in_sync)
   context = inputs.input_context(strategy, task_info.worker_index,
                                  task_info.num_workers)
   task = task_class(config)
-  train_data = task.train_data(context)
-  length = training_length(config, train_data,
-                           distribution.local_replicas(strategy),
-                           task.train_steps_per_epoch())
+  with watchdog.paused() if watchdog else contextlib.nullcontext():
+    train_data = task.train_data(context)
+    length = training_length(config, train_data,
+                             distribution.local_replicas(strategy),
+                             task.train_steps_per_epoch())
   task.steps_per_epoch = length.steps_per_epoch
   task.total_steps = length.total_steps
   with strategy.scope():

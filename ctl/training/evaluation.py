@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import task as task_lib
+from ctl.cluster import watchdog as watchdog_lib
 from ctl.data import in_memory
 from ctl.runtime import summaries
 from ctl.training import metric_reading
@@ -35,9 +36,13 @@ class Evaluator:
                task: task_lib.Task, context: tf.distribute.InputContext,
                eval_batch_size: int, seed: int,
                make_writer: Callable[[str], summaries.MetricWriter],
-               autograph: bool = True):
-    """Args as named; make_writer(set name) makes a set's summary writer."""
+               autograph: bool = True,
+               watchdog: watchdog_lib.Watchdog | None = None):
+    """Args as named; make_writer(set name) makes a set's summary writer;
+    the watchdog (training's) is told of each batch, and does not count
+    the eval sets' making."""
     self._strategy = strategy
+    self._watchdog = watchdog or watchdog_lib.Watchdog(0)
     self._task = task
     self._context = context
     self._eval_batch_size = eval_batch_size
@@ -82,13 +87,14 @@ class Evaluator:
     """The task's eval sets, made once: tf.data sets distributed, in-memory
     ones held as tensors."""
     if self._sets is None:
-      sets = self._task.eval_data(self._context)
-      if sets is None:
-        sets = {}
-      elif not isinstance(sets, Mapping):
-        sets = {SINGLE: sets}
-      self._sets = {name: self._prepare(data) for name, data in
-                    sets.items()}
+      with self._watchdog.paused():  # Reading data waits on no peer.
+        sets = self._task.eval_data(self._context)
+        if sets is None:
+          sets = {}
+        elif not isinstance(sets, Mapping):
+          sets = {SINGLE: sets}
+        self._sets = {name: self._prepare(data) for name, data in
+                      sets.items()}
     return self._sets
 
   def _prepare(self, data):
@@ -105,6 +111,7 @@ class Evaluator:
     self._metrics.reset()
     sums, outputs = {}, {}
     for batch_sums, batch_outputs in self._run_batches(name, data, step):
+      self._watchdog.beat()
       for key, value in batch_sums.items():
         sums[key] = sums.get(key, 0.0) + value.numpy()
       for key, value in batch_outputs.items():

@@ -50,7 +50,8 @@ class TrainLoop:
                reporter: 'Reporter', stop_signal: preemption.StopSignal,
                speed: speed_lib.SpeedMeter, strategy: tf.distribute.Strategy,
                task, workdir: str, is_chief: bool, num_workers: int,
-               started: float, restore_weights: Callable[[], int]):
+               started: float, restore_weights: Callable[[], int],
+               progress: Callable[[], None] = lambda: None):
     """Args as named.
 
     Args:
@@ -61,6 +62,7 @@ class TrainLoop:
       restore_weights: puts back the task's variables from the latest
         checkpoint, not the step or the data position; returns its step
         (for an action's rollback request).
+      progress: called after each loop and action (the watchdog's beat).
     """
     self._runner = runner
     self._length = length
@@ -75,6 +77,7 @@ class TrainLoop:
     self._num_workers = num_workers
     self._started = started
     self._restore_weights = restore_weights
+    self._progress = progress
     # Unless an action handles it (a rollback), a log that is not finite
     # stops the run before any action runs.
     self._stop_on_divergence = not any(action.handles_divergence
@@ -151,6 +154,7 @@ class TrainLoop:
     outputs = self._runner.train_loop(
         iterator, self._int32_tensor(num_steps), requests,
         read_metrics=self._reporter.due_at(step))
+    self._progress()
     logs = {name: float(value) for name, value in outputs['logs'].items()}
     loop_logs = {name: float(value)
                  for name, value in outputs['loop_logs'].items()}
@@ -188,6 +192,7 @@ class TrainLoop:
     ran = {}  # {index: (logged, evaluated) when it ran}
     rolled_back = False
     while True:
+      self._progress()  # After the loop, and after each action.
       if 'rollback' in event.requests and not rolled_back:
         rolled_back = True
         self._roll_back(event)

@@ -14,6 +14,7 @@ from ctl import config as config_lib
 from ctl import errors
 from ctl import builtin_tasks
 from ctl.cluster import distribution
+from ctl.cluster import watchdog as watchdog_lib
 from ctl.runtime import preemption
 from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
@@ -69,11 +70,14 @@ def train_and_evaluate(
   with preemption.StopSignal() as stop_signal, workdir_lib.Lock(
       workdir, enabled=task_info.is_chief) as workdir_lock:
     try:
-      trainer = trainer_lib.Trainer(
-          config, workdir, strategy=strategy, task_info=task_info,
-          task_class=task_class, stop_signal=stop_signal,
-          workdir_lock=workdir_lock, started=started)
-      results = trainer.run()
+      # Bounds every wait for a peer while the task is built and trained.
+      with watchdog_lib.Watchdog(
+          timeout_seconds, enabled=task_info.num_workers > 1) as watchdog:
+        trainer = trainer_lib.Trainer(
+            config, workdir, strategy=strategy, task_info=task_info,
+            task_class=task_class, stop_signal=stop_signal,
+            workdir_lock=workdir_lock, started=started, watchdog=watchdog)
+        results = trainer.run()
       finished_now = results.pop('finished_now')
       if on_finish:
         on_finish(task_info, finished_now)

@@ -41,7 +41,8 @@ class StepRunner:
                jit_compile: str = 'off', all_reduce_dtype: str = 'float32',
                summary_steps: int = 0, autograph: bool = True,
                accumulate_steps: int = 1,
-               train_metrics: metric_reading.MetricReader | None = None):
+               train_metrics: metric_reading.MetricReader | None = None,
+               steps_done: tf.Variable | None = None):
     """Args as named.
 
     Args:
@@ -54,6 +55,8 @@ class StepRunner:
       accumulate_steps: micro-batches per update, for ctx.accumulate.
       train_metrics: the task's train metrics, read at a loop's end when
         asked (`train_loop`'s read_metrics).
+      steps_done: an int64 variable to count each step in, as it is done
+        (the watchdog's progress, ctl/cluster/watchdog.py).
     """
     self._strategy = strategy
     self._task = task
@@ -68,6 +71,7 @@ class StepRunner:
     self._accumulate_steps = accumulate_steps
     self._local_replicas = distribution.local_replicas(strategy)
     self._train_metrics = train_metrics or metric_reading.MetricReader([])
+    self._steps_done = steps_done
     # The step, traced once and called by every trace of the loop (one with
     # the metrics' read, one without).
     self._step_function = tf.function(self._run_step, autograph=False)
@@ -167,6 +171,9 @@ class StepRunner:
 
     def body(i, sums):
       logs = run_step(loop_data, i, first_step)
+      if self._steps_done is not None:
+        with tf.control_dependencies(list(logs.values())):
+          self._steps_done.assign_add(1)
       return i + 1, {name: sums[name] + logs[name] for name in sums}
 
     _, sums = tf.while_loop(lambda i, _: i < num_steps, body, [zero, sums])

@@ -27,6 +27,7 @@ from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import data_positions
 from ctl.checkpoints import manager as checkpoint_manager
 from ctl.cluster import distribution
+from ctl.cluster import watchdog as watchdog_lib
 from ctl.data import inputs
 from ctl.runtime import preemption
 from ctl.runtime import summaries
@@ -53,7 +54,14 @@ class Trainer:
                strategy: tf.distribute.Strategy, task_info: distribution.Role,
                task_class: type[task_lib.Task],
                stop_signal: preemption.StopSignal, workdir_lock,
-               started: float):
+               started: float, watchdog: watchdog_lib.Watchdog | None = None):
+    """Args as named.
+
+    Args:
+      watchdog: bounds each wait for a peer (multi-worker; see
+        ctl/cluster/watchdog.py): told of each step, loop, action and
+        evaluation batch. None for none.
+    """
     self.config = config
     self.workdir = workdir
     self.strategy = strategy
@@ -61,7 +69,9 @@ class Trainer:
     self.stop_signal = stop_signal
     self.workdir_lock = workdir_lock
     self.started = started
-    assembled = assemble_lib.assemble(config, strategy, task_info, task_class)
+    self.watchdog = watchdog or watchdog_lib.Watchdog(0)
+    assembled = assemble_lib.assemble(config, strategy, task_info, task_class,
+                                      self.watchdog)
     self.task, self.state = assembled.task, assembled.state
     self.length, self.action_states = assembled.length, assembled.action_states
     self.context = assembled.context
@@ -71,12 +81,14 @@ class Trainer:
         task=self.task, in_memory=in_memory)
     logging.info('XLA compiles: %s (config.jit_compile=%r)', self.jit_compile,
                  config.jit_compile)
-    self.train_input = inputs.train_input(
-        strategy, assembled.train_data, seed=config.seed, length=self.length,
-        pad_loops_to=(config.steps_per_loop if self.jit_compile == 'loop'
-                      else None),
-        num_local_replicas=distribution.local_replicas(strategy),
-        context=self.context)
+    with self.watchdog.paused():  # Reading data waits on no peer.
+      self.train_input = inputs.train_input(
+          strategy, assembled.train_data, seed=config.seed,
+          length=self.length,
+          pad_loops_to=(config.steps_per_loop if self.jit_compile == 'loop'
+                        else None),
+          num_local_replicas=distribution.local_replicas(strategy),
+          context=self.context)
     self.data_positions = data_positions.DataPositions(
         self.train_input.checkpointable,
         workdir_lib.data_position_dir(workdir),
@@ -114,6 +126,7 @@ class Trainer:
     """
     self.data_positions.check_savable(self.train_input.dataset)
     if self.checkpointer.restore_latest():
+      self.watchdog.beat()
       self.state.check_resumable(self.length.steps_per_epoch)
       self.data_positions.restore(int(self.state.step.numpy()))
       stopped = self.action_states.restore(self.task_actions)
@@ -163,7 +176,7 @@ class Trainer:
         summary_steps=self.config.intervals.summary_steps,
         autograph=self.config.autograph,
         accumulate_steps=self.config.accumulate_steps,
-        train_metrics=train_metrics)
+        train_metrics=train_metrics, steps_done=self.watchdog.steps)
     intervals = self.config.intervals
     reporter = loop_lib.Reporter(
         length=self.length, metrics=train_metrics,
@@ -180,7 +193,7 @@ class Trainer:
         strategy=self.strategy, task=self.task, workdir=self.workdir,
         is_chief=self.task_info.is_chief,
         num_workers=self.task_info.num_workers, started=self.started,
-        restore_weights=self._restore_weights)
+        restore_weights=self._restore_weights, progress=self.watchdog.beat)
     loops = self.loop.plan(int(self.state.step.numpy()))
     step_writer = summaries.step_summary_writer(
         workdir_lib.summary_dir(self.workdir, 'train'),
@@ -294,7 +307,8 @@ class _Evaluation:
         seed=trainer.config.seed, autograph=trainer.config.autograph,
         make_writer=lambda name: summaries.make_writer(
             os.path.join(workdir_lib.summary_dir(trainer.workdir, 'eval'),
-                         name), trainer.task_info.is_chief))
+                         name), trainer.task_info.is_chief),
+        watchdog=trainer.watchdog)
     self._enabled = not trainer.task_info.has_evaluator
     if not self._enabled:
       logging.info('The cluster\'s evaluator task evaluates the checkpoints: '

@@ -20,6 +20,7 @@ import helpers
 pytestmark = pytest.mark.slow
 
 TIMEOUT_SECONDS = 15
+NOISY = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
 STEPS_PER_EPOCH = 20
 TOTAL_STEPS = 3 * STEPS_PER_EPOCH
 ARGS = (f'--config={helpers.DIGITS}', '--config.num_epochs=3',
@@ -188,6 +189,40 @@ def test_a_hung_worker_fails_the_other_within_the_timeout(tmp_path):
     assert 'Lost the other workers' in workers[0].output
   finally:
     workers[1].kill()
+
+
+def test_a_worker_stuck_in_python_fails_both_and_no_thread_is_left_per_step(
+    tmp_path):
+  # Worker 1 stops for an hour in a task's own Python after step 12, where
+  # no collective of TensorFlow waits: worker 0 waits for it in the next
+  # step's all-reduce and fails within the timeout; worker 1's watchdog
+  # cannot end a wait that is not TensorFlow's, so it exits after twice it.
+  workers = [helpers.Watched(helpers.ctl_command(
+      f'--config={NOISY}:HangsInPython', f'--workdir={tmp_path}',
+      '--config.num_epochs=1', '--config.intervals.checkpoint_steps=0',
+      f'--config.distribution.timeout_seconds={TIMEOUT_SECONDS}'), env)
+             for env in helpers.cluster_envs(2)]
+  try:
+    workers[0].wait_for(r'step 12/')
+    stuck_at = time.monotonic()
+    assert workers[0].wait(timeout=TIMEOUT_SECONDS + 60) == (
+        errors.EXIT_PEER_FAILED)
+    assert time.monotonic() - stuck_at < TIMEOUT_SECONDS + 5
+    assert 'Lost the other workers' in workers[0].output
+    assert workers[1].wait(timeout=2 * TIMEOUT_SECONDS + 60) == (
+        errors.EXIT_PEER_FAILED)
+    assert time.monotonic() - stuck_at > 2 * TIMEOUT_SECONDS
+    assert 'ctl: error: This worker made no progress' in workers[1].output
+  finally:
+    for worker in workers:
+      worker.kill()
+  # TensorFlow's own collective timeout left a thread behind each
+  # collective for the whole timeout (ctl/cluster/watchdog.py): a worker
+  # held more threads after every step. Now the count stays put.
+  for worker in range(2):
+    threads = dict(line.split() for line in (
+        tmp_path / f'threads-{worker}.txt').read_text().splitlines())
+    assert int(threads['12']) - int(threads['4']) < 4, threads
 
 
 def test_launcher_restarts_a_job_sigtermed_twice_to_the_same_weights(

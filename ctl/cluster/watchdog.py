@@ -1,0 +1,130 @@
+"""The bound on every wait for another worker: one watchdog thread a worker.
+
+TensorFlow can bound each collective itself (`CommunicationOptions(
+timeout_seconds=...)`), but it does so with a new thread per collective
+that sleeps for the whole timeout (TF 2.21, `BaseCollectiveExecutor`:
+"TODO: Share the timeout watchdog thread among collectives"). With 600 s,
+a worker of the 2-worker CNN held 16,000 such threads after six minutes,
+and then both workers died of SIGABRT when the machine ran out of thread
+ids ("Resource temporarily unavailable"; BUILD.md); making the threads
+also cost each step about 5%. So ctl's collectives have no timeout of
+their own, and this watchdog bounds them instead: a worker that has made
+no progress for `config.distribution.timeout_seconds` aborts its
+collectives. Its wait for a peer then fails (DeadlineExceededError: exit
+code 43, failures.py), as TensorFlow's timeout would have made it.
+
+Progress is a training step done (the `steps` variable, which the train
+loop counts up inside its graph), or whatever the Python side marks with
+`beat()`: a loop, an action, an evaluation batch. The watchdog does not
+count time spent reading data (`paused()`), which waits on no peer. A
+worker that still has not finished a timeout after the abort (stuck
+outside TensorFlow's collectives, e.g. in a task's own Python) exits with
+code 43: nothing hangs.
+"""
+
+import contextlib
+import os
+import sys
+import threading
+import time
+
+from absl import logging
+import tensorflow as tf
+
+from ctl import errors
+from ctl.runtime import tf_internals
+
+# The longest the watchdog sleeps between two looks.
+_MAX_POLL_SECONDS = 1.0
+
+
+class Watchdog:
+  """Aborts this worker's collectives after timeout_seconds without progress.
+
+  Use it as a context (the thread runs inside it). Disabled (timeout 0, or
+  a job of one worker), it does nothing and has no `steps`.
+  """
+
+  def __init__(self, timeout_seconds: float, enabled: bool = True):
+    self.timeout_seconds = timeout_seconds
+    self.enabled = bool(enabled and timeout_seconds > 0)
+    # Steps trained: the train loop adds one after each step, in its graph.
+    # A plain variable of this worker, made outside any strategy's scope.
+    self.steps = (tf.Variable(0, dtype=tf.int64, trainable=False,
+                              name='ctl_watchdog_steps')
+                  if self.enabled else None)
+    self._lock = threading.Lock()
+    self._last_progress = time.monotonic()
+    self._steps_seen = 0
+    self._pauses = 0
+    self._stopped = threading.Event()
+    self._thread = None
+
+  def __enter__(self) -> 'Watchdog':
+    if self.enabled:
+      self.beat()
+      self._thread = threading.Thread(target=self._watch, daemon=True,
+                                      name='ctl-watchdog')
+      self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._stopped.set()
+    if self._thread is not None:
+      self._thread.join()
+
+  def beat(self) -> None:
+    """Marks progress now."""
+    self._last_progress = time.monotonic()
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Work of this worker alone (reading data): not counted."""
+    with self._lock:
+      self._pauses += 1
+    try:
+      yield
+    finally:
+      with self._lock:
+        self._pauses -= 1
+      self.beat()
+
+  def _watch(self) -> None:
+    poll = min(_MAX_POLL_SECONDS, self.timeout_seconds / 10)
+    while not self._stopped.wait(poll):
+      if self._stalled_seconds() > self.timeout_seconds:
+        self._abort()
+        return
+
+  def _stalled_seconds(self) -> float:
+    """Seconds since the last progress; 0 while paused."""
+    now = time.monotonic()
+    steps = int(self.steps.numpy())  # Concurrently with the train loop.
+    with self._lock:
+      if self._pauses:
+        self._last_progress = now
+      if steps != self._steps_seen:
+        self._steps_seen, self._last_progress = steps, now
+      return now - self._last_progress
+
+  def _abort(self) -> None:
+    """Fails this worker's collectives; exits if that does not end it."""
+    logging.error(
+        'No progress for %g s (config.distribution.timeout_seconds): a peer '
+        'died or hangs, or this worker does. Aborting its collectives.',
+        self.timeout_seconds)
+    tf_internals.abort_collectives(
+        'ctl: no progress for distribution.timeout_seconds='
+        f'{self.timeout_seconds:g}')
+    if self._stopped.wait(self.timeout_seconds):
+      return  # The failure reached the training loop: it says what to do.
+    print(f'ctl: error: This worker made no progress for '
+          f'{2 * self.timeout_seconds:g} s (twice distribution.timeout_'
+          'seconds) and is stuck outside TensorFlow\'s collectives, so it '
+          'exits. Nothing was saved after the latest checkpoint; restart '
+          'every worker to resume from it.', file=sys.stderr, flush=True)
+    logging.flush()
+    sys.stdout.flush()
+    # Not the exit handlers (tf_process.exit_now): one may wait for the
+    # stuck thread.
+    os._exit(errors.EXIT_PEER_FAILED)  # pylint: disable=protected-access
