@@ -177,9 +177,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Seconds a worker may go without progress (a step, an evaluation batch,
   # an action) while it trains before the job fails (exit code 43), so
   # that a dead or hung worker never blocks the others forever
-  # (ctl/cluster/watchdog.py); 0 waits forever. Reading data does not
-  # count. Must exceed the longest checkpoint save or restore and the
-  # first loop's tracing.
+  # (ctl/cluster/watchdog.py); 0 waits forever. Making the task's data and
+  # pipelines does not count. Must exceed the longest checkpoint save or
+  # restore, action, and the first step (its tracing and first input).
   config.distribution.timeout_seconds = 600.0
   # Seconds a worker waits at start-up for every task of the cluster to
   # join; after that it exits with code 43 naming the tasks that did not

@@ -16,7 +16,8 @@ code 43, failures.py), as TensorFlow's timeout would have made it.
 Progress is a training step done (the `steps` variable, which the train
 loop counts up inside its graph), or whatever the Python side marks with
 `beat()`: a loop, an action, an evaluation batch. The watchdog does not
-count time spent reading data (`paused()`), which waits on no peer. A
+count the making of the task's data and pipelines (`paused()`), which
+waits on no peer; a step's wait for its input it does count. A
 worker that still has not finished a timeout after the abort (stuck
 outside TensorFlow's collectives, e.g. in a task's own Python) exits with
 code 43: nothing hangs.
@@ -99,7 +100,11 @@ class Watchdog:
   def _stalled_seconds(self) -> float:
     """Seconds since the last progress; 0 while paused."""
     now = time.monotonic()
-    steps = int(self.steps.numpy())  # Concurrently with the train loop.
+    try:
+      steps = int(self.steps.numpy())  # Concurrently with the train loop.
+    except Exception:  # pylint: disable=broad-except
+      # Never leave the watch: the beats still count.
+      steps = self._steps_seen
     with self._lock:
       if self._pauses:
         self._last_progress = now
