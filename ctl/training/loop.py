@@ -154,7 +154,6 @@ class TrainLoop:
     outputs = self._runner.train_loop(
         iterator, self._int32_tensor(num_steps), requests,
         read_metrics=self._reporter.due_at(step))
-    self._progress()
     logs = {name: float(value) for name, value in outputs['logs'].items()}
     loop_logs = {name: float(value)
                  for name, value in outputs['loop_logs'].items()}
