@@ -167,8 +167,15 @@ class Comparison:
   """What rounds of run_in_turns measured."""
 
   speeds: dict[str, list[float]]  # Each measured window's steps/s.
-  # The first contender over each other one, in adjacent windows.
-  ratios_to: dict[str, list[float]]
+  # (a, b) -> a's speed over b's in adjacent windows, for each two
+  # contenders, a named before b.
+  pairs: dict[tuple[str, str], list[float]]
+
+  @property
+  def ratios_to(self) -> dict[str, list[float]]:
+    """The first contender over each other one."""
+    mine = next(iter(self.speeds))
+    return {b: ratios for (a, b), ratios in self.pairs.items() if a == mine}
 
   @property
   def ratios(self) -> list[float]:
@@ -180,19 +187,24 @@ class Comparison:
     return statistics.median(self.ratios)
 
   def ratio_to(self, other: str) -> float:
-    """NaN where no two windows were paired (runs too short)."""
-    ratios = self.ratios_to[other]
+    """The first contender over other."""
+    return self.ratio_between(next(iter(self.speeds)), other)
+
+  def ratio_between(self, mine: str, other: str) -> float:
+    """mine over other (mine named first); NaN where no two windows were
+    paired (runs too short)."""
+    ratios = self.pairs[mine, other]
     return statistics.median(ratios) if ratios else float('nan')
 
 
 def compare(contenders: dict[str, tuple[str, dict]], rounds: int,
             window_seconds: float = 2.0, log=print) -> Comparison:
   """Runs rounds of the contenders in turns, each round started by the next
-  one; the ratios are the first named over each other one."""
+  one; the ratios are each contender over each named after it (logged: the
+  first over each other one)."""
   names = list(contenders)
-  mine, others = names[0], names[1:]
   speeds = {name: [] for name in names}
-  ratios_to = {other: [] for other in others}
+  pairs = {(a, b): [] for i, a in enumerate(names) for b in names[i + 1:]}
   for round_ in range(rounds):
     shift = round_ % len(names)
     order = names[shift:] + names[:shift]
@@ -203,15 +215,16 @@ def compare(contenders: dict[str, tuple[str, dict]], rounds: int,
       if speed:
         speeds[window.contender].append(speed)
     medians = []
-    for other in others:
+    for mine, other in pairs:
       round_ratios = paired_ratios(windows, measured, mine, other)
-      ratios_to[other] += round_ratios
-      medians.append(
-          f'{statistics.median(round_ratios):.3f} ({len(round_ratios)} pairs)'
-          if round_ratios else 'none measured: runs too short?')
+      pairs[mine, other] += round_ratios
+      if mine == names[0]:
+        medians.append(
+            f'{statistics.median(round_ratios):.3f} ({len(round_ratios)} '
+            'pairs)' if round_ratios else 'none measured: runs too short?')
     log(f'[bench] round {round_ + 1}/{rounds}: median ratio '
         f'{", ".join(medians)}')
-  return Comparison(speeds, ratios_to)
+  return Comparison(speeds, pairs)
 
 
 def python_loop_progress(total_steps: int = 2000,

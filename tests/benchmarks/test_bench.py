@@ -134,7 +134,7 @@ def test_the_compute_only_loop_gathers_batches_and_returns_its_loss():
   assert float(loop(tf.constant(2), tf.constant(3))) == 2 + 3 + 4
 
 
-def test_three_contenders_in_turns_pair_the_first_with_each_other():
+def test_three_contenders_in_turns_pair_each_with_each_other():
   contender = ('benchmarks.timeslice:python_loop_progress',
                {'total_steps': 20_000})  # Several turns each.
   comparison = timeslice.compare(
@@ -143,6 +143,10 @@ def test_three_contenders_in_turns_pair_the_first_with_each_other():
   assert set(comparison.ratios_to) == {'two', 'three'}
   assert comparison.ratio_to('two') > 0 and comparison.ratio_to('three') > 0
   assert comparison.ratios == comparison.ratios_to['two']
+  # The second and third take adjacent turns too (the ceiling against fit).
+  assert set(comparison.pairs) == {('one', 'two'), ('one', 'three'),
+                                   ('two', 'three')}
+  assert comparison.ratio_between('two', 'three') > 0
 
 
 def test_the_profile_traces_each_loop_s_steps_op_by_op():
