@@ -13,10 +13,14 @@ REPO = helpers.REPO
 DOCS = ('README.md', 'BUILD.md')
 # Top-level folders of the repository: a span starting with one is a path.
 TOP = ('.ci', 'ctl', 'configs', 'experiments', 'tests', 'benchmarks')
-# Flags of other programs that the docs show (sbatch, srun, pip, pytest).
+# Flags of other programs that the docs show (sbatch, srun, pip, pytest;
+# XLA's, in XLA_FLAGS).
 OTHER_PROGRAMS_FLAGS = {'--ntasks-per-node', '--gpus-per-task', '--requeue',
                         '--signal', '--open-mode', '--distribution',
-                        '--logdir', '--durations', '--host', '--port'}
+                        '--logdir', '--durations', '--host', '--port',
+                        '--xla_cpu_use_onednn',
+                        '--xla_cpu_experimental_onednn_custom_call',
+                        '--xla_cpu_use_xnnpack', '--xla_dump_to'}
 # A placeholder, and a field misspelt on purpose (to show the error).
 NOT_FIELDS = {'key', 'optimizer.learning_rat'}
 # ctl's packages: `training/run.py` and `data/in_memory.InMemory` are
