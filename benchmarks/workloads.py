@@ -329,7 +329,7 @@ def compute_only_speed(workload: Workload, jit_compile: str = 'off',
   data, task, loss = parts(workload)
   step = _train_step(task.model, task.optimizer, loss,
                      task.train_metrics if metrics else ())
-  batch_of = _batch_reader(data, workload.batch_size, gather)
+  batch_of = batch_reader(data, workload.batch_size, gather)
   return _loop_speed(lambda i: step(*batch_of(i)), workload.measure_steps,
                      jit_compile=_jit_mode(jit_compile, task))
 
@@ -461,7 +461,7 @@ def compute_only_progress(workload: str, total_steps: int,
     data, task, loss = parts(spec)
     step = _train_step(task.model, task.optimizer, loss,
                        task.train_metrics if metrics else ())
-    batch_of = _batch_reader(data, spec.batch_size, gather)
+    batch_of = batch_reader(data, spec.batch_size, gather)
     loop = _step_loop(lambda i: step(*batch_of(i)),
                       _jit_mode(jit_compile, task))
     return _loops_with_progress(
@@ -472,7 +472,7 @@ def compute_only_progress(workload: str, total_steps: int,
   return train
 
 
-def _batch_reader(data: datasets.Data, batch_size: int, gather: bool):
+def batch_reader(data: datasets.Data, batch_size: int, gather: bool):
   """step -> (features, labels): one batch prepared once, or (gather) as a
   training loop must read it, the step's rows of a fixed random order of
   the examples in memory, gathered and scaled in the step."""

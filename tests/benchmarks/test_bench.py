@@ -123,7 +123,7 @@ def test_processes_in_turns_run_only_in_their_own_windows():
 
 def test_the_compute_only_loop_gathers_batches_and_returns_its_loss():
   data = bw.cnn_data(None)
-  read = bw._batch_reader(data, 64, gather=True)  # pylint: disable=protected-access
+  read = bw.batch_reader(data, 64, gather=True)
   features, labels = read(tf.constant(3))
   rows = np.random.default_rng(0).permutation(937 * 64)[3 * 64:4 * 64]
   np.testing.assert_allclose(features, data.train.features[rows] / 255,
