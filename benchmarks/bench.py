@@ -304,8 +304,9 @@ def _two_workers() -> tuple[str, list[Target]]:
       'intervals, 400 steps)': (
           lambda: _two_worker_ctl(**_TWO_WORKER_DEFAULTS), 128),
       '(e) the tutorial\'s code': (_two_worker_tutorial, 128),
-      '(c) the step alone: compute and all-reduce, the loss summed, the '
-      'accuracy updated, no training loop': (_two_worker_ceiling, 128)}
+      '(c) the step alone: batches gathered in the step, compute and '
+      'all-reduce, the loss summed, the accuracy updated, no training loop': (
+          _two_worker_ceiling, 128)}
   measured = _interleaved(contenders, _CEILING_REPETITIONS)
   ctl, ctl_default, tutorial, ceiling = measured.values()
   table = _table('2 workers on localhost: the tutorials\' CNN, 64 examples '
