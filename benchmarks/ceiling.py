@@ -5,9 +5,10 @@ all-reduce and RMSprop's update, as Keras does them) on batches of 64 read
 as a training loop must, by a gather from the examples in memory (as the
 one-worker ceiling does, `workloads.batch_reader`; one batch prepared once
 ran 1.06x it here, 3 rounds), 100 steps per tf.function call, summing its
-loss on the worker (a loss nobody reads, TensorFlow leaves out: the L2
-penalty's sum over the kernels) and updating the task's accuracy, as ctl's
-step does: no input pipeline, metric reads, checkpoints or logs.
+loss on the worker and returning it (TensorFlow would leave out a loss
+nobody reads, and the L2 penalty's sum over the kernels with it) and
+updating the task's accuracy, as ctl's step does: no input pipeline, metric
+reads, checkpoints or logs.
 No training loop on the same workers can be faster.
 
     # From the repository root:
