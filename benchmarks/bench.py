@@ -207,14 +207,14 @@ def _single_process(workload_name: str) -> tuple[str, list[Target]]:
   fits = [m for name, m in measured.items()
           if name.startswith('(d)') and name != _FIT_XLA]
   best_fit = max(fits, key=lambda m: m.median)
+  best_fit_setting = best_fit.name.split(', ')[-1]  # steps_per_execution=N
   ctl_default = measured['(a) ctl, default settings']
   hand = measured['(b) hand-written loop']
   name = workload_name.upper()
   targets = [
       Target(f'{name}: ctl default / hand-written loop',
              ctl_default.ratio_to(hand), 0.97),
-      Target(f'{name}: ctl default / Keras fit '
-             f'({best_fit.name.split(", ")[-1]})',
+      Target(f'{name}: ctl default / Keras fit ({best_fit_setting})',
              ctl_default.ratio_to(best_fit), 2.5 if workload_name == 'mlp'
              else 1.3)]
   table = _table(f'{name}: {workload.description}', list(measured.values()))
@@ -224,8 +224,7 @@ def _single_process(workload_name: str) -> tuple[str, list[Target]]:
             f'{ctl_default.ratio_to(measured[_FIT_XLA]):.3g}x; ctl default / '
             f'compute only with XLA as ctl\'s default: '
             f'{ctl_default.ratio_to(ceiling):.3g}x; compute only with XLA '
-            f'as ctl\'s default / Keras fit '
-            f'({best_fit.name.split(", ")[-1]}): '
+            f'as ctl\'s default / Keras fit ({best_fit_setting}): '
             f'{ceiling.ratio_to(best_fit):.3g}x (the most any training '
             'loop could gain on it here).')
   turns, turn_targets = _against_the_ceiling(workload_name)
