@@ -4,18 +4,17 @@ Each worker runs the tutorials' CNN step (forward, backward, the gradients'
 all-reduce and RMSprop's update, as Keras does them) on batches of 64 read
 as a training loop must, by a gather from the examples in memory (as the
 one-worker ceiling does, `workloads.batch_reader`; one batch prepared once
-ran 1.06x it here, 3 rounds), 100 steps per tf.function call, summing its
-loss on the worker and returning it (TensorFlow would leave out a loss
-nobody reads, and the L2 penalty's sum over the kernels with it) and
-updating the task's accuracy, as ctl's step does: no input pipeline, metric
-reads, checkpoints or logs.
+ran 1.06x it here, 3 rounds), 100 steps per tf.function call (each call the
+next steps' batches), summing its loss on the worker and returning it
+(TensorFlow would leave out a loss nobody reads, and the L2 penalty's sum
+over the kernels with it) and updating the task's accuracy, as ctl's step
+does: no input pipeline, metric reads, checkpoints or logs.
 No training loop on the same workers can be faster.
 
     # From the repository root:
     TF_CONFIG=... python -m benchmarks.ceiling [STEPS_PER_CALL]
 """
 
-from collections.abc import Callable
 import json
 import os
 import sys
@@ -28,16 +27,6 @@ from benchmarks import workloads as bw
 
 _STEPS_PER_CALL = 100
 _CALLS = 2
-
-
-def _repeat(body: Callable[[tf.Tensor], tf.Tensor],
-            num_times: tf.Tensor) -> tf.Tensor:
-  """The sum of body(i) for i in 0..num_times-1, as one graph loop (as
-  ctl's StepRunner loops its steps)."""
-  _, total = tf.while_loop(lambda i, _: i < num_times,
-                           lambda i, total: (i + 1, total + body(i)),
-                           [tf.constant(0), tf.constant(0.0)])
-  return total
 
 
 def main(steps_per_call: int = _STEPS_PER_CALL) -> None:
@@ -69,14 +58,13 @@ def main(steps_per_call: int = _STEPS_PER_CALL) -> None:
     return tf.add_n(strategy.experimental_local_results(
         strategy.run(replica_step, args=(step,))))
 
-  @tf.function(autograph=False)
-  def loop(num_steps):
-    return _repeat(worker_loss, num_steps)
-
-  loop(tf.constant(2))  # Traces.
+  # A graph loop, as ctl's StepRunner loops its steps; each call reads the
+  # next steps' batches.
+  loop = bw.step_loop(worker_loss, jit_compile='off')
+  loop(tf.constant(0), tf.constant(2))  # Traces.
   start = time.perf_counter()
-  for _ in range(_CALLS):
-    loop(tf.constant(steps_per_call))
+  for call in range(_CALLS):
+    loop(tf.constant(call * steps_per_call), tf.constant(steps_per_call))
   seconds = time.perf_counter() - start
   print('BENCH ' + json.dumps(
       {'steps_per_second': _CALLS * steps_per_call / seconds}), flush=True)

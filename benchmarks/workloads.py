@@ -247,22 +247,23 @@ def _hand_pipeline(data: datasets.Data, batch_size: int, *,
 
 def _loop_speed(step, steps: int, steps_per_loop: int = 100,
                 jit_compile: str = 'off'):
-  """Times a loop of `step(i) -> loss` (_step_loop), after one call to
+  """Times a loop of `step(i) -> loss` (step_loop), after one call to
   trace it."""
-  loop = _step_loop(step, jit_compile)
+  loop = step_loop(step, jit_compile)
   loop(tf.constant(0), tf.constant(steps_per_loop))
+  calls = steps // steps_per_loop
 
   def measure() -> float:
+    # Each loop reads the next steps' batches, as a training loop does.
     start = time.perf_counter()
-    for _ in range(steps // steps_per_loop):
-      loop(tf.constant(0), tf.constant(steps_per_loop))
-    return steps // steps_per_loop * steps_per_loop / (
-        time.perf_counter() - start)
+    for call in range(calls):
+      loop(tf.constant(call * steps_per_loop), tf.constant(steps_per_loop))
+    return calls * steps_per_loop / (time.perf_counter() - start)
 
   return measure
 
 
-def _step_loop(step: Callable[[tf.Tensor], tf.Tensor], jit_compile: str):
+def step_loop(step: Callable[[tf.Tensor], tf.Tensor], jit_compile: str):
   """loop(first, num_steps): `step(i)` for i in first..first+num_steps-1 in
   a graph loop, their losses summed and returned, as a training loop that
   logs its loss must compute them (XLA leaves out a loss nobody reads,
@@ -462,7 +463,7 @@ def compute_only_progress(workload: str, total_steps: int,
     step = _train_step(task.model, task.optimizer, loss,
                        task.train_metrics if metrics else ())
     batch_of = batch_reader(data, spec.batch_size, gather)
-    loop = _step_loop(lambda i: step(*batch_of(i)),
+    loop = step_loop(lambda i: step(*batch_of(i)),
                       _jit_mode(jit_compile, task))
     return _loops_with_progress(
         lambda first, num_steps: loop(tf.constant(first),

@@ -41,33 +41,49 @@ class InMemoryInput:
   dataset = None  # No pipeline of the task's own.
 
   def __init__(self, strategy: tf.distribute.Strategy,
-               data: in_memory.InMemory, *, seed: int, global_batch_size: int,
-               steps_per_epoch: int, pad_loops_to: int | None = None):
-    """Args as named; pad_loops_to: steps_per_loop when a whole loop is
-    one XLA program (its input then has one shape)."""
+               data: in_memory.InMemory, *, context: tf.distribute.InputContext,
+               seed: int, global_batch_size: int, steps_per_epoch: int,
+               num_local_replicas: int, pad_loops_to: int | None = None):
+    """Args as named; context: this worker's place among the replicas;
+    pad_loops_to: steps_per_loop when a whole loop is one XLA program (its
+    input then has one shape)."""
     self._strategy = strategy
     self._data = data
+    self._context = context
     self._seed = seed
     self._global_batch_size = global_batch_size
     self._steps_per_epoch = steps_per_epoch
+    self._num_local_replicas = num_local_replicas
     self._pad_loops_to = pad_loops_to
     data.materialize()
 
   def make_iterator(self, loops: Iterable[tuple[int, int]]):
-    """The iterator over the given loops' (first step, end step)."""
-    return iter(self._strategy.distribute_datasets_from_function(
-        lambda context: in_memory.train_chunks(
-            len(self._data), seed=self._seed,
-            global_batch_size=self._global_batch_size,
-            steps_per_epoch=self._steps_per_epoch, loops=loops,
-            context=context)))
+    """The iterator over the given loops' (first step, end step).
+
+    A plain iterator of this worker's pipeline, not a distributed one: on 2
+    workers, MultiWorkerMirroredStrategy's distributed iterator (which
+    agrees on the end of data with an all-reduce at every element) made
+    the steps of its loop 8-14% slower (BENCHMARKS.md, "The 2-worker
+    step alone and the distributed iterator").
+    """
+    with tf.device('/cpu:0'):
+      return iter(in_memory.train_chunks(
+          len(self._data), seed=self._seed,
+          global_batch_size=self._global_batch_size,
+          steps_per_epoch=self._steps_per_epoch, loops=loops,
+          context=self._context))
 
   def loop_data(self, iterator, num_steps: tf.Tensor):
-    """Each replica's example indices of the loop's steps."""
-    rows = next(iterator)
-    if self._pad_loops_to:  # One replica: rows is a tensor.
-      rows = tf.pad(rows, [[0, self._pad_loops_to - num_steps], [0, 0]])
-    return rows
+    """Each local replica's example indices of the loop's steps: the
+    pipeline's next element for each, in order."""
+    rows = [next(iterator) for _ in range(self._num_local_replicas)]
+    if self._pad_loops_to:  # One replica.
+      return tf.pad(rows[0], [[0, self._pad_loops_to - num_steps], [0, 0]])
+    if self._num_local_replicas == 1:
+      return rows[0]
+    return self._strategy.experimental_distribute_values_from_function(
+        lambda context: rows[
+            context.replica_id_in_sync_group % self._num_local_replicas])
 
   def batches(self, rows, step_in_loop: tf.Tensor) -> Any:
     """Each replica gathers its batch of the step from the arrays."""
@@ -174,9 +190,10 @@ def train_input(strategy: tf.distribute.Strategy, train_data, *, seed: int,
   the run's TrainingLength; context: this worker's input context."""
   if isinstance(train_data, in_memory.InMemory):
     return InMemoryInput(
-        strategy, train_data, seed=seed,
+        strategy, train_data, context=context, seed=seed,
         global_batch_size=length.global_batch_size,
-        steps_per_epoch=length.steps_per_epoch, pad_loops_to=pad_loops_to)
+        steps_per_epoch=length.steps_per_epoch,
+        num_local_replicas=num_local_replicas, pad_loops_to=pad_loops_to)
   if isinstance(train_data, tfrecord.GlobalBatches):
     return GlobalOrderInput(
         strategy, train_data, context=context, seed=seed,

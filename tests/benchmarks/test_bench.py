@@ -130,7 +130,7 @@ def test_the_compute_only_loop_gathers_batches_and_returns_its_loss():
                              rtol=1e-6)
   np.testing.assert_array_equal(labels, data.train.labels[rows])
   # The loss is the loop's output: XLA cannot leave its L2 penalty out.
-  loop = bw._step_loop(lambda i: tf.cast(i, tf.float32), 'step')  # pylint: disable=protected-access
+  loop = bw.step_loop(lambda i: tf.cast(i, tf.float32), 'step')
   assert float(loop(tf.constant(2), tf.constant(3))) == 2 + 3 + 4
 
 
