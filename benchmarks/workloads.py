@@ -464,7 +464,7 @@ def compute_only_progress(workload: str, total_steps: int,
                        task.train_metrics if metrics else ())
     batch_of = batch_reader(data, spec.batch_size, gather)
     loop = step_loop(lambda i: step(*batch_of(i)),
-                      _jit_mode(jit_compile, task))
+                     _jit_mode(jit_compile, task))
     return _loops_with_progress(
         lambda first, num_steps: loop(tf.constant(first),
                                       tf.constant(num_steps)),

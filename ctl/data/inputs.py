@@ -76,14 +76,11 @@ class InMemoryInput:
   def loop_data(self, iterator, num_steps: tf.Tensor):
     """Each local replica's example indices of the loop's steps: the
     pipeline's next element for each, in order."""
-    rows = [next(iterator) for _ in range(self._num_local_replicas)]
     if self._pad_loops_to:  # One replica.
-      return tf.pad(rows[0], [[0, self._pad_loops_to - num_steps], [0, 0]])
-    if self._num_local_replicas == 1:
-      return rows[0]
-    return self._strategy.experimental_distribute_values_from_function(
-        lambda context: rows[
-            context.replica_id_in_sync_group % self._num_local_replicas])
+      return tf.pad(next(iterator),
+                    [[0, self._pad_loops_to - num_steps], [0, 0]])
+    return _next_per_replica(self._strategy, iterator,
+                             self._num_local_replicas)
 
   def batches(self, rows, step_in_loop: tf.Tensor) -> Any:
     """Each replica gathers its batch of the step from the arrays."""
@@ -117,12 +114,8 @@ class DatasetInput:
   def batches(self, loop_data, step_in_loop: tf.Tensor) -> Any:
     """The next element of the iterator for each local replica."""
     del loop_data, step_in_loop
-    elements = [next(self._iterator) for _ in range(self._num_local_replicas)]
-    if self._num_local_replicas == 1:
-      return elements[0]
-    return self._strategy.experimental_distribute_values_from_function(
-        lambda context: elements[
-            context.replica_id_in_sync_group % self._num_local_replicas])
+    return _next_per_replica(self._strategy, self._iterator,
+                             self._num_local_replicas)
 
 
 class GlobalOrderInput(DatasetInput):
@@ -152,6 +145,19 @@ class GlobalOrderInput(DatasetInput):
           self._context, global_batch_size=self._global_batch_size,
           seed=self._seed, first_step=loops.start))
     return self._iterator
+
+
+def _next_per_replica(strategy: tf.distribute.Strategy, iterator,
+                      num_local_replicas: int) -> Any:
+  """The iterator's next element for each of this worker's replicas, in
+  order, as `distribute_datasets_from_function` hands them out: the element
+  itself for one replica, else a distributed value."""
+  elements = [next(iterator) for _ in range(num_local_replicas)]
+  if num_local_replicas == 1:
+    return elements[0]
+  return strategy.experimental_distribute_values_from_function(
+      lambda context: elements[
+          context.replica_id_in_sync_group % num_local_replicas])
 
 
 def steps_per_epoch_of(dataset: tf.data.Dataset, configured: int,
