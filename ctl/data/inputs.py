@@ -1,9 +1,10 @@
 """A task's training data as the step loop reads it, and its saved position.
 
 Three kinds, one interface (used inside ctl's tf.functions):
-- `InMemoryInput`: ctl.InMemory arrays. The position is the step: the
-  pipeline yields each loop's example indices, a pure function of (seed,
-  step), and each replica gathers its batch.
+- `InMemoryInput`: ctl.InMemory arrays. The position is the step: each
+  worker's pipeline, read through a plain iterator, yields each loop's
+  example indices, a pure function of (seed, step), and each replica
+  gathers its batch.
 - `GlobalOrderInput`: files read in one global order
   (`ctl.data.tfrecord.GlobalBatches`, from TFRecord or TFDS). The position
   is the step too: each worker's pipeline starts at the resumed step's
