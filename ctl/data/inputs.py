@@ -62,10 +62,11 @@ class InMemoryInput:
     """The iterator over the given loops' (first step, end step).
 
     A plain iterator of this worker's pipeline, not a distributed one: on 2
-    workers, MultiWorkerMirroredStrategy's distributed iterator (which
-    agrees on the end of data with an all-reduce at every element) made
-    the steps of its loop 8-14% slower (BENCHMARKS.md, "The 2-worker
-    step alone and the distributed iterator").
+    workers, MultiWorkerMirroredStrategy's distributed iterator (a
+    multi-device iterator per worker) made the steps of its loop 8-14%
+    slower, with or without its agreement on the end of data
+    (BENCHMARKS.md, "The 2-worker step alone and the distributed
+    iterator").
     """
     with tf.device('/cpu:0'):
       return iter(in_memory.train_chunks(
