@@ -56,20 +56,33 @@ def _row(trial: trials_lib.Trial, metric: str) -> dict[str, Any]:
   """A trial's overrides, status and final numbers."""
   results = workdir_lib.read_results(trial.workdir)
   record = trial.record()
-  if results is not None:
+  value = _lookup(results, metric) if results else None
+  if results is not None and value is None:
+    # A task of one's own names its results in its hooks: a metric that
+    # never appeared fails the trial, saying what there is instead.
+    status = (f'finished without {metric} in its results (it has: '
+              f'{", ".join(_result_names(results)) or "none"})')
+  elif results is not None:
     status = 'finished'
   elif 'exit_code' in record:
     status = f'exit code {record["exit_code"]}'
   else:
     status = 'not run'
   row = {'trial': trial.name, 'status': status, **trial.overrides,
-         'metric': _lookup(results, metric) if results else None,
+         'metric': value,
          'step': results['step'] if results else None,
          'wall_seconds': round(record.get('wall_seconds', 0.0), 1),
          'workdir': trial.workdir}
   for name, value in (results or {}).get('eval', {}).items():
     row[f'eval.{name}'] = value
   return row
+
+
+def _result_names(results: dict) -> list[str]:
+  """The names a Sweep.metric can take in a trial's results.json."""
+  return ['step', 'epoch', *(f'eval.{name}' for name in
+                             sorted((results.get('eval') or {}))
+                             if not isinstance(results['eval'][name], dict))]
 
 
 def _lookup(tree: dict, dotted_key: str) -> float | None:

@@ -75,12 +75,9 @@ def plan(sweep: hyper.Sweep, config_file: str, workdir: str) -> list[Trial]:
     except errors.ConfigError as error:
       problems.append(f'trial {index} ({name}): {error}')
       continue
-    known = ['step', 'epoch', 'eval.loss',
-             *(f'eval.{metric}' for metric in config.metrics)]
-    if sweep.metric not in known:
-      problems.append(f'trial {index} ({name}): Sweep.metric '
-                      f'{sweep.metric!r} is not in its results; use one of '
-                      f'{known}')
+    problem = _metric_problem(sweep.metric, config)
+    if problem:
+      problems.append(f'trial {index} ({name}): {problem}')
   if problems:
     raise errors.ConfigError(
         f'{len(problems)} of {len(sweep.trials)} trials cannot run; nothing '
@@ -91,6 +88,28 @@ def plan(sweep: hyper.Sweep, config_file: str, workdir: str) -> list[Trial]:
                      overrides))
       for name, overrides in zip(names, sweep.trials)
   ]
+
+
+def _metric_problem(metric: str, config) -> str | None:
+  """Why a trial's results cannot hold `metric`, where the config tells.
+
+  A built-in task's config lists its metrics (`config.metrics`); a task of
+  one's own makes its results in its hooks, so its metric is only checked
+  for shape here, and against its results when the trial has run (a
+  trial whose results lack it is reported as such, ctl/sweep/report.py).
+  """
+  if 'metrics' not in config:
+    if metric in ('step', 'epoch') or metric.startswith('eval.'):
+      return None
+    return (f'Sweep.metric {metric!r} is not a result; use \'step\', '
+            "'epoch' or an eval result, 'eval.<name>' (for a set of "
+            "eval_data's dict: 'eval.<set>/<name>')")
+  known = ['step', 'epoch', 'eval.loss',
+           *(f'eval.{name}' for name in config.metrics)]
+  if metric not in known:
+    return (f'Sweep.metric {metric!r} is not in its results; use one of '
+            f'{known}')
+  return None
 
 
 def trial_names(trials: list[Mapping[str, Any]]) -> list[str]:

@@ -112,6 +112,39 @@ def test_an_unknown_metric_fails_the_sweep_before_anything_runs(tmp_path):
   assert "Sweep.metric 'eval.acc' is not in its results" in run.output
 
 
+def _write_own_task_sweep(directory, metric) -> str:
+  path = directory / f'own_{metric.replace(".", "_")}.py'
+  config = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
+  path.write_text(
+      'from ctl import hyper\n\n'
+      'def get_sweep():\n'
+      f'  return hyper.Sweep(config={str(config)!r},\n'
+      "                     trials=hyper.sweep('seed', [0, 1]),\n"
+      f'                     metric={metric!r}, mode="min")\n')
+  return str(path)
+
+
+def test_a_sweep_of_a_task_of_ones_own_runs_to_results_csv(tmp_path):
+  # A config from ctl.base_config() names no metrics: the sweep's metric
+  # is looked up in each trial's results (it died of KeyError: 'metrics').
+  workdir = tmp_path / 'sweep'
+  run = helpers.Watched(
+      _sweep_command(_write_own_task_sweep(tmp_path, 'eval.mae'), workdir))
+  assert run.wait() == 0, run.output
+  rows = _read_csv(workdir / 'results.csv')
+  assert [row['status'] for row in rows] == ['finished', 'finished']
+  assert all(float(row['eval.mae']) >= 0 for row in rows)
+  assert 'best: seed=' in run.output
+  # A metric its results never hold fails each trial with one line naming
+  # what they hold (the trials are not run again).
+  run = helpers.Watched(
+      _sweep_command(_write_own_task_sweep(tmp_path, 'eval.nope'), workdir))
+  assert run.wait() == errors.EXIT_FAILURE
+  assert run.output.count('finished without eval.nope in its results (it '
+                          'has: step, epoch, eval.mae, eval.mse)') == 2, \
+      run.output
+
+
 # experiments/ also holds example tasks; a sweep file defines get_sweep.
 SWEEP_FILES = sorted(path for path in (helpers.REPO / 'experiments').glob('*.py')
                      if 'def get_sweep(' in path.read_text())
