@@ -390,6 +390,15 @@ class PythonControlFlow(NoisyRegression):
             'flow': total + tf.cast(count, tf.float32) + frozen}
 
 
+class TfFunctionStep(PythonControlFlow):
+  """Its train_step wrapped in @tf.function, as many TensorFlow 2
+  tutorials write it: its own tf.function converts its control flow."""
+
+  @tf.function
+  def train_step(self, batch, ctx):
+    return PythonControlFlow.train_step(self, batch, ctx)
+
+
 class IdRecords(NoisyRegression):
   """A user's task over TFRecord files (config.data.path, a glob) of
   records {'id', 'x', 'y'}, read in ctl's global order: it resumes on any

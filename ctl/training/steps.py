@@ -235,6 +235,10 @@ def task_function(function: Callable, autograph: bool) -> Callable:
   # steps are traced as written, saving the conversion's start-up time.
   if not autograph or function.__module__.startswith(_BUILT_IN_TASKS):
     return function
+  # A hook its author wrapped in @tf.function converts itself (its own
+  # autograph argument) when ctl's function traces it.
+  if isinstance(function, tf.types.experimental.PolymorphicFunction):
+    return function
   if inspect.ismethod(function):  # to_graph converts the unbound function.
     return types.MethodType(tf.autograph.to_graph(function.__func__),
                             function.__self__)

@@ -57,3 +57,13 @@ def test_without_autograph_python_control_flow_is_a_clear_error(tmp_path):
   assert run.returncode == 1
   assert run.stderr.count('ctl: error: ') == 1
   assert 'config.autograph' in run.stderr
+
+
+def test_a_train_step_wrapped_in_tf_function_trains_with_the_default_config(
+    tmp_path):
+  # Its tf.function exposes no __code__ for ctl's AutoGraph to convert (a
+  # ConversionError before); it converts its own body when ctl traces it.
+  args = [arg.replace(':PythonControlFlow', ':TfFunctionStep') for arg in ARGS]
+  run = helpers.run_ctl(*args, f'--workdir={tmp_path}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  _check_flow(tmp_path, 16)
