@@ -4,6 +4,7 @@ that reads only the models' weights from another run."""
 
 from collections.abc import Sequence
 import os
+import re
 
 from absl import logging
 import keras
@@ -78,7 +79,8 @@ def warm_start(task: task_lib.Task, source: str,
     except Exception as error:  # pylint: disable=broad-except
       raise errors.CtlError(
           f'Cannot warm-start {name!r} from config.init_from={source!r} '
-          f'({path}): {errors.summary(error)}') from error
+          f'({path}): {_mismatch(error)}.'
+          f'{"" if select else _select_advice(name, selected)}') from error
   left = sorted(name for name, model in models_by_name(task).items()
                 if not any(_contains(value, model) for value in
                            selected.values()))
@@ -87,6 +89,30 @@ def warm_start(task: task_lib.Task, source: str,
                sum(len(_variables(value)) for value in selected.values()),
                f'; left as initialised: {", ".join(left)}' if left else '')
   return path
+
+
+def _mismatch(error: Exception) -> str:
+  """What did not fit, by variable name: never the variables' values
+  (TensorFlow's message on unmatched objects prints them all)."""
+  unmatched = re.findall(r"<tf\.Variable '([^']+)'|<Variable path=([^,]+),",
+                         str(error))
+  unmatched = [tf_name or keras_path for tf_name, keras_path in unmatched]
+  if unmatched:
+    shown = ', '.join(unmatched[:6]) + (', ...' if len(unmatched) > 6 else '')
+    return (f'the checkpoint has no values for {len(unmatched)} of its '
+            f'variables ({shown})')
+  return errors.summary(re.sub(r'numpy=array\(.*?\)(?=>)', 'numpy=...',
+                               str(error), flags=re.DOTALL)).rstrip('.')
+
+
+def _select_advice(name: str, models: dict) -> str:
+  """How to leave what does not fit (a new head) out of a warm start."""
+  others = [other for other in sorted(models) if other != name]
+  example = ','.join(others) if others else f'{name}.<part>'
+  return (' Every model is restored unless config.init_select names what to '
+          f'restore: to leave {name!r} as initialised (a new head), '
+          f'--config.init_select={example} (the task\'s models: '
+          f'{", ".join(sorted(models))}).')
 
 
 def _checkpoint_path(source: str) -> str:

@@ -106,11 +106,21 @@ def check_batch_sizes(config: ml_collections.ConfigDict,
               f'{num_replicas} replicas of this job')
       fits = [count for count in range(1, batch_size + 1)
               if batch_size % (count * parts // num_replicas) == 0]
+      replicas = (f', or (to resume a run with this batch) a number of '
+                  f'replicas that divides it: {_first(fits)}' if fits else '')
+      micro = ''
+      if parts != num_replicas:
+        steps = [count for count in range(1, batch_size + 1)
+                 if batch_size % (count * num_replicas) == 0]
+        micro = f', or config.accumulate_steps in {_first(steps)}'
       raise errors.ConfigError(
           f'config.{key}={batch_size} does not divide across the {into}: '
-          f'use a multiple of {parts}, or (to resume a run with this batch) '
-          f'a number of replicas that divides it: '
-          f'{", ".join(map(str, fits[:12]))}{", ..." if len(fits) > 12 else ""}.')
+          f'use a multiple of {parts}{replicas}{micro}.')
+
+
+def _first(counts: list[int]) -> str:
+  return ', '.join(map(str, counts[:12])) + (', ...' if len(counts) > 12
+                                             else '')
 
 
 def training_length(config: ml_collections.ConfigDict,

@@ -65,6 +65,14 @@ def test_a_batch_that_does_not_split_into_micro_batches_is_a_config_error():
                      r'use a multiple of 6'):
     state_lib.check_batch_sizes(config, num_replicas=2)
   state_lib.check_batch_sizes(helpers.digits(accumulate_steps=4), 2)
+  # No number of replicas fits 50 into 4 micro-batches: the message names
+  # the accumulate_steps that do, not an empty list of replicas.
+  with pytest.raises(errors.ConfigError) as raised:
+    state_lib.check_batch_sizes(
+        helpers.digits(batch_size=50, accumulate_steps=4), num_replicas=1)
+  assert str(raised.value).endswith(
+      'use a multiple of 4, or config.accumulate_steps in 1, 2, 5, 10, 25, '
+      '50.'), raised.value
 
 
 def test_a_step_that_does_not_accumulate_is_an_error_not_a_silent_whole_batch(

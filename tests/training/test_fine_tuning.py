@@ -63,3 +63,20 @@ def test_a_selected_name_the_task_lacks_is_a_config_error(pretrained,
     run.train_and_evaluate(
         _config(init_from=str(pretrained), init_select=('neck',)),
         str(tmp_path))
+
+
+def test_a_new_head_without_init_select_names_init_select(pretrained,
+                                                          tmp_path):
+  # Every model is restored by default: the new head (10 classes, the
+  # pretrained one 5) does not fit, and the error says how to leave it out,
+  # without the checkpoint's values.
+  config = _config(init_from=str(pretrained))
+  config.init_select = ()
+  with pytest.raises(errors.CtlError) as raised:
+    run.train_and_evaluate(config, str(tmp_path))
+  message = str(raised.value)
+  print(message)
+  assert "Cannot warm-start 'head'" in message
+  assert '--config.init_select=backbone' in message
+  assert 'numpy=' not in message and len(message) < 700
+  assert not (tmp_path / 'checkpoints').exists()
