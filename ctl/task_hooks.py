@@ -147,6 +147,7 @@ def _written(task_class: type, name: str) -> str:
 
 
 def _form(name: str, args: tuple[str, ...]) -> str:
+  """'eval_end(self, name, outputs)'."""
   return f'{name}({", ".join(("self",) + args)})'
 
 

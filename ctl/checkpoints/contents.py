@@ -49,8 +49,10 @@ def readable_part(checkpoint: tf.train.Checkpoint,
 
 
 def written_by_0_1_0(path: str) -> bool:
-  """Whether ctl 0.1.0 wrote checkpoint `path` (it lacks SINCE_0_2_0)."""
-  return not set(SINCE_0_2_0) & _saved_parts(path)
+  """Whether ctl 0.1.0 wrote checkpoint `path` (it lacks SINCE_0_2_0);
+  False when there is none."""
+  return (storage.exists(f'{path}.index') and
+          not set(SINCE_0_2_0) & _saved_parts(path))
 
 
 def _saved_parts(path: str) -> set[str]:
