@@ -22,7 +22,8 @@ flag before TensorFlow loads.
 import importlib
 import time
 
-__version__ = '0.1.0'
+# The release; setup.cfg reads it (CHANGELOG.md lists what each changed).
+__version__ = '0.2.0'
 # time.monotonic() when this process imported ctl (training/speed.py).
 IMPORT_TIME = time.monotonic()
 

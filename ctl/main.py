@@ -3,7 +3,8 @@
 Any config field can be overridden, e.g. `--config.optimizer.learning_rate=0.01`.
 The config is locked: a key that does not exist, or a value of the wrong
 type, stops the run (exit code 2) before anything is written.
-`--print_config` prints the resolved config, each field with its comment.
+`--print_config` prints the resolved config, each field with its comment;
+`--version` prints ctl's version (CHANGELOG.md says what each changed).
 
 `--mode` evaluates, evaluates continuously (a side-car evaluator) or
 exports instead of training (ctl/modes.py).
@@ -20,6 +21,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+import ctl
 from ctl import config as config_lib
 from ctl import config_help
 from ctl import errors
@@ -45,6 +47,8 @@ _PRINT_CONFIG = flags.DEFINE_bool(
     'print_config', False,
     'Print the resolved config, each field with its comment and default, '
     'and exit without training (no --workdir needed).')
+_VERSION = flags.DEFINE_bool(
+    'version', False, 'Print ctl\'s version and exit (no --config needed).')
 flags.mark_flag_as_required('config')
 
 
@@ -94,7 +98,14 @@ def _drop_tensorflow_info(record) -> bool:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """Parses flags; on any flag or config error, says which and exits 2."""
+  """Parses flags; on any flag or config error, says which and exits 2.
+
+  `--version` prints the version and exits 0 before the flags are parsed:
+  --config, which it does not need, is required there.
+  """
+  if '--version' in argv[1:]:
+    print(f'ctl {ctl.__version__}')
+    sys.exit(0)
   try:
     # A task's config file may import TensorFlow: quietly, then.
     with tf_process.quiet_start_up():

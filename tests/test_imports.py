@@ -12,7 +12,7 @@ LAYERS = {
     'errors': 0,
     'registry': 1, 'config': 1, 'actions': 1, 'storage': 1,
     'config_help': 2, 'runtime': 2, 'data': 2, 'hyper': 2,
-    'task': 3, 'cluster': 3,
+    'task': 3, 'task_hooks': 3, 'cluster': 3,
     'checkpoints': 4,
     'builtin_tasks': 4,
     'training': 5,

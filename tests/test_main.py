@@ -242,3 +242,13 @@ def test_on_a_terminal_the_progress_is_one_line_rewritten(tmp_path):
   assert any(re.match(r'I\d{4} .* eval at step 44: ', line)
              for line in shown)
   assert text.endswith('\n')
+
+
+def test_version_prints_the_release_setup_cfg_installs():
+  from setuptools.config import setupcfg  # pylint: disable=g-import-not-at-top
+  release = setupcfg.read_configuration(
+      helpers.REPO / 'setup.cfg')['metadata']['version']
+  run = helpers.run_ctl('--version')  # No --config: it needs none.
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout == f'ctl {release}\n'
+  assert release == '0.2.0'

@@ -3,6 +3,7 @@
 from ctl import errors
 from ctl import registry
 from ctl import task as task_lib
+from ctl import task_hooks
 from ctl.builtin_tasks import classification
 from ctl.builtin_tasks import keras_model
 from ctl.builtin_tasks import tfds_classification
@@ -17,11 +18,12 @@ _BUILT_IN = {
 
 
 def resolve(name: str) -> type[task_lib.Task]:
-  """The task class named by config.task, checked to have every hook.
+  """The task class named by config.task, checked to have every hook, each
+  of a signature ctl can call (an old one warned of: ctl/task_hooks.py).
 
   Raises:
-    ConfigError: when it cannot be imported, is not a ctl.Task, or lacks
-      a hook.
+    ConfigError: when it cannot be imported, is not a ctl.Task, lacks a
+      hook, or has one ctl cannot call.
   """
   task_class = registry.resolve(name, _BUILT_IN, 'task')
   if not (isinstance(task_class, type) and
@@ -35,4 +37,5 @@ def resolve(name: str) -> type[task_lib.Task]:
         f'Task {name!r} lacks {", ".join(missing)}: write '
         f'{"it" if len(missing) == 1 else "them"} as a method of '
         f'{task_class.__name__} (see ctl/task.py).')
+  task_hooks.check(task_class)
   return task_class

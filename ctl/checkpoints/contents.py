@@ -28,6 +28,39 @@ def checkpoint_of(task: task_lib.Task, state,
                              **state.checkpointable(), **more)
 
 
+# What a checkpoint holds since ctl 0.2.0 that one of 0.1.0 lacks: read
+# from such a checkpoint, they keep their initial values (0 workers: not
+# known; no action has a state yet).
+SINCE_0_2_0 = ('num_workers', 'actions')
+
+
+def readable_part(checkpoint: tf.train.Checkpoint,
+                  path: str) -> tf.train.Checkpoint:
+  """checkpoint, less its parts of SINCE_0_2_0 that checkpoint `path` lacks
+  (ctl 0.1.0 wrote it), so that reading it checks everything else."""
+  saved = _saved_parts(path)
+  parts = {name: value for name, value in vars(checkpoint).items()
+           if not name.startswith('_')}  # The constructor's keywords.
+  absent = [name for name in SINCE_0_2_0 if name in parts and
+            name not in saved]
+  if not absent:
+    return checkpoint
+  return tf.train.Checkpoint(**{name: value for name, value in parts.items()
+                                if name not in absent})
+
+
+def written_by_0_1_0(path: str) -> bool:
+  """Whether ctl 0.1.0 wrote checkpoint `path` (it lacks SINCE_0_2_0);
+  False when there is none."""
+  return (storage.exists(f'{path}.index') and
+          not set(SINCE_0_2_0) & _saved_parts(path))
+
+
+def _saved_parts(path: str) -> set[str]:
+  """The names of the parts checkpoint `path` holds (task, step, ...)."""
+  return {name.split('/', 1)[0] for name, _ in tf.train.list_variables(path)}
+
+
 def weights_checkpoint(task: task_lib.Task) -> tf.train.Checkpoint:
   """The part of checkpoint_of that is the task's: models, optimizers,
   metrics and random layers' states, not the step (for a rollback)."""

@@ -5,8 +5,10 @@ import os
 
 import tensorflow as tf
 
+import ctl
 from ctl import errors
 from ctl import storage
+from ctl.checkpoints import contents
 from ctl.checkpoints import manager
 from ctl.runtime import tf_internals
 
@@ -132,6 +134,15 @@ class DataPositions:
           f'The data position of step {step} is missing ({prefix}): the '
           'checkpoint cannot resume the data exactly. Train in a new '
           '--workdir, or restore the file.')
+    checkpoint = os.path.join(os.path.dirname(self._root), f'ckpt-{step}')
+    if contents.written_by_0_1_0(checkpoint):
+      raise errors.ConfigError(
+          f'Checkpoint {checkpoint} was written by ctl 0.1.0, and ctl '
+          f'{ctl.__version__} cannot resume the position of a task\'s tf.data '
+          'pipeline that it saved (CHANGELOG.md, 0.2.0). Nothing was '
+          'written. Finish the run with ctl 0.1.0, or train in a new '
+          '--workdir starting from these weights with --config.init_from='
+          f'{os.path.dirname(self._root)}')
     try:
       self._checkpoint.read(prefix).assert_consumed()
     except Exception as error:  # pylint: disable=broad-except

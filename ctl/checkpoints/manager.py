@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import storage
+from ctl.checkpoints import contents as checkpoint_contents
 
 
 class Checkpointer:
@@ -118,7 +119,8 @@ class Checkpointer:
     if path is None:
       return None
     try:
-      self._checkpoint.restore(path).assert_consumed()
+      checkpoint_contents.readable_part(self._checkpoint, path).restore(
+          path).assert_consumed()
     except Exception as error:  # pylint: disable=broad-except
       # Mismatches raise AssertionError or ValueError; damaged files raise
       # OpErrors, but a truncated one IndexError.
@@ -140,7 +142,8 @@ class Checkpointer:
     listed = self._read_manager.checkpoints
     for path in reversed(listed[:listed.index(failed)]):
       try:
-        self._checkpoint.restore(path).assert_consumed()
+        checkpoint_contents.readable_part(self._checkpoint, path).restore(
+            path).assert_consumed()
       except Exception:  # pylint: disable=broad-except
         continue
       return (f'The previous checkpoint, {path}, restores correctly: to '

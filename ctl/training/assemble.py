@@ -58,7 +58,8 @@ class Assembled:
     try:
       # Without the actions' states: evaluation and export do not need
       # them (and a checkpoint of an earlier ctl has none).
-      status = checkpoint_contents.checkpoint_of(self.task, self.state).read(path)
+      checkpoint = checkpoint_contents.checkpoint_of(self.task, self.state)
+      status = checkpoint_contents.readable_part(checkpoint, path).read(path)
       status.expect_partial().assert_existing_objects_matched()
     except Exception as error:  # pylint: disable=broad-except
       raise errors.CtlError(

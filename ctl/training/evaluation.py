@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import task as task_lib
+from ctl import task_hooks
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.data import in_memory
 from ctl.runtime import summaries
@@ -44,6 +45,7 @@ class Evaluator:
     self._strategy = strategy
     self._watchdog = watchdog or watchdog_lib.Watchdog(0)
     self._task = task
+    self._eval_end = task_hooks.eval_end_of(task)  # An old form called so.
     self._context = context
     self._eval_batch_size = eval_batch_size
     self._seed = seed
@@ -119,9 +121,9 @@ class Evaluator:
     results = self._mean_over_workers(sums)
     results.update(self._metrics.read())
     # Called for every set, with or without per-example outputs.
-    results.update(self._task.eval_end(name, {
+    results.update(self._eval_end(name, {
         key: np.concatenate(values) for key, values in outputs.items()},
-                                       dict(results)))
+                                  dict(results)))
     return results
 
   def _run_batches(self, name: str, data, step: int):

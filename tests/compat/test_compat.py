@@ -1,0 +1,100 @@
+"""Projects written against ctl 0.1.0 run on today's ctl, or are refused at
+start, as CHANGELOG.md says (tests/compat/README.md)."""
+
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+import ctl
+import helpers
+
+V0_1_0 = helpers.REPO / 'tests' / 'compat' / 'v0_1_0'
+# The overrides the fixture workdirs were trained with (README.md here),
+# but for num_epochs: a resume trains one more epoch.
+DIGITS = ('--config=configs/digits.py:smoke', '--config.model.filters=4',
+          '--config.model.width=8', '--config.intervals.keep_checkpoints=1',
+          '--config.export.at_end=False')
+TEXT = ('--config=configs/text.py:smoke', '--config.data.num_train=64',
+        '--config.data.num_eval=32', '--config.intervals.keep_checkpoints=1',
+        '--config.export.at_end=False')
+
+
+def _run_0_1_0(*args: str) -> subprocess.CompletedProcess:
+  """`python -m ctl.main args` from the 0.1.0 project's folder (its
+  `experiments.*` tasks import from there, as they did from the repo's)."""
+  return subprocess.run(helpers.ctl_command(*args), cwd=V0_1_0,
+                        env=helpers.env_with(), capture_output=True,
+                        text=True, timeout=600)
+
+
+def _copy_workdir(name: str, tmp_path) -> pathlib.Path:
+  workdir = tmp_path / name
+  shutil.copytree(V0_1_0 / 'workdirs' / name, workdir)
+  return workdir
+
+
+def test_a_task_with_the_0_1_0_eval_end_trains_warned_once(tmp_path):
+  # experiments/regression.py of 0.1.0: eval_end(self, name, outputs), a
+  # config built on ctl's config_lib.base_config(); exported at the end,
+  # which finds the task class again.
+  workdir = tmp_path / 'regression'
+  run = _run_0_1_0('--config=configs/regression.py',
+                   '--config.data.num_train=256', '--config.data.num_eval=128',
+                   '--config.eval_batch_size=128', '--config.num_epochs=1',
+                   f'--workdir={workdir}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  warned = [line for line in run.stderr.splitlines()
+            if 'CtlDeprecationWarning' in line]
+  assert len(warned) == 1, run.stderr[-3000:]
+  assert ('Regression.eval_end(self, name: str, outputs: dict) -> dict is '
+          'the form of ctl 0.1.0') in warned[0]
+  assert '`def eval_end(self, name, outputs, results)`' in warned[0]
+  results = helpers.read_results(workdir)
+  assert results['step'] == 4
+  assert -1 < results['eval']['r2'] < 1  # eval_end's, without results.
+  assert (workdir / 'export' / 'export.json').exists()
+
+
+def test_a_workdir_of_0_1_0_resumes(tmp_path):
+  # Its checkpoint lacks what 0.2.0 added (the workers' count, the
+  # actions' states): they start at their initial values.
+  workdir = _copy_workdir('digits', tmp_path)
+  run = _run_0_1_0(*DIGITS, '--config.num_epochs=2', f'--workdir={workdir}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert f'Restored {workdir}/checkpoints/ckpt-44' in run.stderr
+  assert 'Training from step 44 to 88' in run.stderr
+  assert helpers.read_results(workdir)['step'] == 88
+
+
+def test_a_0_1_0_workdir_of_a_tf_data_pipeline_is_refused_at_start(tmp_path):
+  # experiments/text.py of 0.1.0 reads a tf.data pipeline, whose saved
+  # position ctl now reads another way: exit 2, nothing written.
+  workdir = _copy_workdir('text', tmp_path)
+  before = helpers.file_stamps(workdir)
+  run = _run_0_1_0(*TEXT, '--config.num_epochs=2', f'--workdir={workdir}')
+  assert run.returncode == 2, run.stderr[-3000:]
+  errors = [line for line in run.stderr.splitlines()
+            if line.startswith('ctl: error:')]
+  assert len(errors) == 1, run.stderr[-3000:]
+  assert 'was written by ctl 0.1.0' in errors[0]
+  assert f'--config.init_from={workdir}/checkpoints' in errors[0]
+  assert helpers.file_stamps(workdir) == before
+
+
+def test_the_0_1_0_sweep_file_plans_its_trials(tmp_path):
+  from ctl.sweep import trials as trials_lib  # pylint: disable=g-import-not-at-top
+  sweep, config_file = trials_lib.load_sweep(
+      str(V0_1_0 / 'experiments' / 'digits_lr.py'))
+  assert config_file == str(V0_1_0 / 'configs' / 'digits.py')
+  trials = trials_lib.plan(sweep, config_file, str(tmp_path))
+  assert len(trials) == 8
+  assert {trial.overrides['batch_size'] for trial in trials} == {32, 64}
+
+
+@pytest.mark.parametrize('name', [
+    'Task', 'StepContext', 'InMemory', 'Image', 'Histogram', 'base_config',
+    'classification_config', 'load'])
+def test_the_public_names_of_0_1_0_are_there(name):
+  assert getattr(ctl, name) is not None
