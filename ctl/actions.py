@@ -61,13 +61,14 @@ class When:
 
   steps: int | tuple[int, ...] = ()
   epochs: int = 0
-  at_steps: int | tuple[int, ...] = ()
   secs: float = 0.0
   after_log: bool = False
   after_eval: bool = False
   at_end: bool = False
   every_loop: bool = False
   on_request: str = ''
+  # Last, so that the fields before it keep their positions.
+  at_steps: int | tuple[int, ...] = ()
 
   def step_intervals(self, steps_per_epoch: int) -> tuple[int, ...]:
     """The step counts at whose multiples it is due (loops end there)."""
