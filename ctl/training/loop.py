@@ -2,12 +2,12 @@
 the actions due (ctl/actions.py).
 
 Loops end at every step where some action is due by its step or epoch
-count or once (`When.at_steps`), so that logs, summaries, evaluations, checkpoints and a task's own
-actions happen at exact steps, the same on every worker (metric reads and
-checkpoint saves are collectives under MultiWorkerMirroredStrategy). No
-action is special: the checkpoint is the last of the list, due by its
-intervals, at the end, and on request (SIGTERM, its time interval, or an
-action's).
+count or once (`When.at_steps`), so that logs, summaries, evaluations,
+checkpoints and a task's own actions happen at exact steps, the same on
+every worker (metric reads and checkpoint saves are collectives under
+MultiWorkerMirroredStrategy). No action is special: the checkpoint is the
+last of the list, due by its intervals, at the end, and on request
+(SIGTERM, its time interval, or an action's).
 """
 
 from collections.abc import Callable, Sequence
