@@ -1,7 +1,8 @@
 """Actions: the work done between loops of steps, ctl's and a task's alike.
 
 An action says *when* it is due (`When`: every N steps, every N epochs,
-every N seconds, after each evaluation, at the end of training) and *what*
+once after given steps, every N seconds, after each evaluation, at the end
+of training) and *what*
 it does (`Action.run(event)`). ctl's own periodic work is a list of
 actions (the log line and summaries, evaluation, the best checkpoint, the
 profiler, the checkpoint); a task adds its own with `Task.actions()`, and
@@ -44,6 +45,9 @@ class When:
     steps: every N steps (counted from step 0, so the same steps on every
       worker and after every restart); several intervals as a tuple.
     epochs: at the end of every N-th epoch.
+    at_steps: once after each of these steps (one-off: loops end there and
+      at no multiple of them; a run resumed past one does not run it
+      again, one resumed before it does, after the same step).
     secs: once N seconds passed since it last ran (on some worker's clock:
       the workers agree, so they all run it after the same loop).
     after_log: after each log line, with its values.
@@ -63,6 +67,8 @@ class When:
   at_end: bool = False
   every_loop: bool = False
   on_request: str = ''
+  # Last, so that the fields before it keep their positions.
+  at_steps: int | tuple[int, ...] = ()
 
   def step_intervals(self, steps_per_epoch: int) -> tuple[int, ...]:
     """The step counts at whose multiples it is due (loops end there)."""
@@ -70,11 +76,16 @@ class When:
     return tuple(every for every in (*steps, self.epochs * steps_per_epoch)
                  if every)
 
+  def one_off_steps(self) -> tuple[int, ...]:
+    """The steps after which it is due once (loops end there)."""
+    return (self.at_steps if isinstance(self.at_steps, tuple) else
+            (self.at_steps,))
+
   def due_at(self, step: int, steps_per_epoch: int, end: bool) -> bool:
     """Whether it is due after `step` by its counts, or as the end."""
     return (any(step % every == 0
                 for every in self.step_intervals(steps_per_epoch)) or
-            (self.at_end and end))
+            step in self.one_off_steps() or (self.at_end and end))
 
 
 class Event:

@@ -351,6 +351,23 @@ class MakesRequests(NoisyRegression):
     return [Requests()]
 
 
+class AtSteps(ctl.Action):
+  """One-off after steps 7, 20 and 25: appends each step it ran after to
+  at_steps.txt."""
+
+  when = ctl.When(at_steps=(7, 20, 25))
+
+  def run(self, event):
+    with open(os.path.join(event.workdir, 'at_steps.txt'), 'a') as file:
+      file.write(f'{event.step}\n')
+
+
+class RunsAtSteps(NoisyRegression):
+
+  def actions(self):
+    return [AtSteps()]
+
+
 class SpikesOnce(NoisyRegression):
   """Its 21st step's targets are 10,000 times too large: the loss jumps,
   and the weights with it."""

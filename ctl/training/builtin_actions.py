@@ -1,5 +1,5 @@
-"""Built-in actions: early stopping, rollback of a diverging loss, and a CSV
-file of every logged value.
+"""Built-in actions: early stopping, rollback of a diverging loss, a CSV
+file of every logged value, and the profiler's start and stop.
 
 Any task's run takes them from config fields (`config.early_stopping`,
 `config.rollback`, `config.log_csv`: `from_config`); a task's own
@@ -244,23 +244,45 @@ def profile_actions(config: ml_collections.ConfigDict,
   """Start and stop a profiler trace around config.num_steps steps."""
   if not config.num_steps:
     return []
-  logdir = workdir_lib.summary_dir(workdir, 'train')
   # The first step traces the functions: a trace starts after it at least.
   start = max(config.start_step, 1)
-  end = start + config.num_steps
+  profiler = _Profiler(workdir_lib.summary_dir(workdir, 'train'), start,
+                       start + config.num_steps)
+  # One-off: loops end at these two steps on every worker and nowhere else
+  # for them; the trace covers the steps in between, on the chief alone.
+  # It also stops at an earlier end of training.
+  return [actions.Call('profile start', actions.When(at_steps=start),
+                       profiler.begin, on_every_worker=False),
+          actions.Call('profile stop',
+                       actions.When(at_steps=profiler.end, at_end=True),
+                       profiler.finish, on_every_worker=False)]
 
-  def begin(event):
-    if event.step == start:
-      tf.profiler.experimental.start(logdir)
 
-  def finish(event):
-    if event.step == end:
+class _Profiler:
+  """A TensorBoard profiler trace of the steps after `start` to `end`."""
+
+  def __init__(self, logdir: str, start: int, end: int):
+    self._logdir = logdir
+    self._start = start
+    self.end = end
+    self._tracing = False
+
+  def begin(self, event: actions.Event) -> None:
+    """Starts the trace after step `start` (none after the last step)."""
+    if not event.end:
+      tf.profiler.experimental.start(self._logdir)
+      self._tracing = True
+
+  def finish(self, event: actions.Event) -> None:
+    """Stops and writes the trace, if this process started it."""
+    if self._tracing:
+      self._tracing = False
       tf.profiler.experimental.stop()
-      logging.info('Profiled steps %d..%d into %s', start + 1, end, logdir)
-
-  # Loops end at these steps on every worker; the trace covers the steps
-  # in between, on the chief alone.
-  return [actions.Call('profile start', actions.When(steps=start), begin,
-                           on_every_worker=False),
-          actions.Call('profile stop', actions.When(steps=end), finish,
-                           on_every_worker=False)]
+      logging.info('Profiled steps %d..%d into %s', self._start + 1,
+                   event.step, self._logdir)
+    elif event.step == self.end:
+      # A run resumed inside the steps: the trace died with the process.
+      logging.warning(
+          'Profiled nothing: the trace of steps %d..%d started in a process '
+          'that stopped before its end. Set a later config.profile.start_step '
+          'to profile again.', self._start + 1, self.end)

@@ -2,12 +2,12 @@
 the actions due (ctl/actions.py).
 
 Loops end at every step where some action is due by its step or epoch
-count, so that logs, summaries, evaluations, checkpoints and a task's own
-actions happen at exact steps, the same on every worker (metric reads and
-checkpoint saves are collectives under MultiWorkerMirroredStrategy). No
-action is special: the checkpoint is the last of the list, due by its
-intervals, at the end, and on request (SIGTERM, its time interval, or an
-action's).
+count or once (`When.at_steps`), so that logs, summaries, evaluations,
+checkpoints and a task's own actions happen at exact steps, the same on
+every worker (metric reads and checkpoint saves are collectives under
+MultiWorkerMirroredStrategy). No action is special: the checkpoint is the
+last of the list, due by its intervals, at the end, and on request
+(SIGTERM, its time interval, or an action's).
 """
 
 from collections.abc import Callable, Sequence
@@ -93,13 +93,16 @@ class TrainLoop:
 
   def plan(self, step: int) -> loop_plan.LoopPlan:
     """The loops from `step` to the end: they end where some action is due
-    by its step or epoch count."""
+    by its step or epoch count, or once (the one-off steps still ahead)."""
     every = sorted({every for action in self._actions
                     for every in action.when.step_intervals(
                         self._length.steps_per_epoch)})
+    at = sorted({at for action in self._actions
+                 for at in action.when.one_off_steps()
+                 if step < at < self._length.total_steps})
     return loop_plan.LoopPlan(step, self._length.total_steps,
                              self._length.steps_per_epoch,
-                             self._steps_per_loop, tuple(every))
+                             self._steps_per_loop, tuple(every), tuple(at))
 
   def run(self, iterator, loops: loop_plan.LoopPlan) -> Stopped | None:
     """Runs the planned loops and the actions due after each.

@@ -1,7 +1,8 @@
 """Where loops of steps end: at every step where some action is due by its
-step or epoch count (ctl/actions.py), so that it runs between
+step or epoch count or once (ctl/actions.py), so that it runs between
 loops, after at most steps_per_loop steps."""
 
+import bisect
 from collections.abc import Iterator
 import dataclasses
 
@@ -13,8 +14,9 @@ class LoopPlan:
   """The (first step, end step) of each loop of steps from `start` to
   `total_steps`.
 
-  A loop ends at every epoch end and at every multiple of each of `every`
-  (the steps where some periodic work is due), after at most
+  A loop ends at every epoch end, at every multiple of each of `every`
+  (the steps where some periodic work is due) and at each step of `at`
+  (sorted: where some one-off work is due), after at most
   steps_per_loop steps. The first is one step: it traces the functions,
   and its end times the start-up exactly.
 
@@ -29,6 +31,7 @@ class LoopPlan:
   steps_per_epoch: int
   steps_per_loop: int
   every: tuple[int, ...] = ()
+  at: tuple[int, ...] = ()
 
   def __iter__(self) -> Iterator[tuple[int, int]]:
     step = self.start
@@ -38,9 +41,17 @@ class LoopPlan:
       step = end
 
   def _next_end(self, step: int) -> int:
+    """Where the loop from `step` (not the first) ends."""
+    after = bisect.bisect_right(self.at, step)
     return min(step + self.steps_per_loop, self.total_steps,
+               *self.at[after:after + 1],
                *((step // every + 1) * every
                  for every in (self.steps_per_epoch, *self.every)))
+
+  def _next_one_off(self, step: tf.Tensor) -> tf.Tensor:
+    """The first step of `at` after `step` (int64 scalars), or the end."""
+    at = tf.constant((*self.at, self.total_steps), tf.int64)
+    return tf.reduce_min(tf.where(at > step, at, at[-1]))
 
   def epoch_bounds(self, epoch: tf.Tensor) -> tf.Tensor:
     """The loops of epoch `epoch` (an int64 scalar), as [n, 2] int64 step
@@ -52,7 +63,7 @@ class LoopPlan:
 
     def body(step, bounds):
       end = tf.reduce_min(tf.stack([
-          step + self.steps_per_loop, tf.constant(self.total_steps, tf.int64),
+          step + self.steps_per_loop, self._next_one_off(step),
           *((step // every + 1) * every
             for every in (self.steps_per_epoch, *self.every))]))
       end = tf.where(tf.equal(step, self.start), step + 1, end)

@@ -1,7 +1,8 @@
-"""Actions between loops: a task's own action's requests and state;
-early stopping that decides alike after a SIGTERM and a restart, its state
-and the CSV log's rows in the checkpoint; a chief-only action's stop
-request agreed by two workers; eval_end sees every pass's results."""
+"""Actions between loops: a task's own action's requests and state; one-off
+steps across a resume; early stopping that decides alike after a SIGTERM
+and a restart, its state and the CSV log's rows in the checkpoint; a
+chief-only action's stop request agreed by two workers; eval_end sees every
+pass's results."""
 
 import csv
 import re
@@ -55,6 +56,17 @@ def test_an_actions_requests_are_done_after_its_loop_and_its_state_resumes(
   # Its list of steps comes back from the checkpoint of step 20.
   run.train_and_evaluate(_noisy('MakesRequests'), str(tmp_path))
   assert (tmp_path / 'evaluated.txt').read_text() == '10 16 20 32 48'
+
+
+def test_one_off_steps_run_once_and_a_resume_runs_only_those_ahead(tmp_path):
+  # No interval ends a loop at 7 or 25 (nor at 20 but as the end): the
+  # one-off steps do. The resumed run starts after 7 and 20.
+  fields = {'intervals.log_steps': 0, 'intervals.checkpoint_steps': 0}
+  run.train_and_evaluate(_noisy('RunsAtSteps', total_steps=20, **fields),
+                         str(tmp_path))
+  assert (tmp_path / 'at_steps.txt').read_text().split() == ['7', '20']
+  run.train_and_evaluate(_noisy('RunsAtSteps', **fields), str(tmp_path))
+  assert (tmp_path / 'at_steps.txt').read_text().split() == ['7', '20', '25']
 
 
 def test_eval_end_sees_the_results_of_a_pass_without_outputs(tmp_path):

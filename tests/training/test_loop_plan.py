@@ -1,6 +1,6 @@
 """A LoopPlan ends loops where actions are due, the same in Python and in
-a graph; When and Clock say when an action is due, by step count and by an
-injected clock."""
+a graph; When and Clock say when an action is due, by step count, once at
+given steps and by an injected clock."""
 
 import pytest
 import tensorflow as tf
@@ -29,6 +29,17 @@ def test_step_intervals_fall_on_multiples_of_the_interval():
               4, 8, 12, 14, 16, 20, 24, 28, 30]
 
 
+def test_one_off_steps_are_due_once_and_are_no_intervals():
+  at_5_and_8 = actions.When(at_steps=(5, 8), steps=10)
+  assert at_5_and_8.step_intervals(7) == (10,)
+  assert at_5_and_8.one_off_steps() == (5, 8)
+  assert [step for step in range(1, 31)
+          if at_5_and_8.due_at(step, 7, end=False)] == [5, 8, 10, 20, 30]
+  at_3 = actions.When(at_steps=3)
+  assert [step for step in range(1, 31)
+          if at_3.due_at(step, 7, end=False)] == [3]
+
+
 def test_no_interval_is_never_due():
   never = actions.When()
   assert not any(never.due_at(step, 5, end=False) for step in range(100))
@@ -48,13 +59,14 @@ def test_time_interval_counts_from_the_last_run():
   assert every_minute.due()
 
 
-@pytest.mark.parametrize('start, total, per_epoch, per_loop, every', [
-    (0, 30, 7, 4, ()), (5, 61, 10, 100, (3, 25)), (13, 14, 5, 2, (4,)),
-    (0, 1, 1, 1, ()), (9, 45, 9, 9, (6,)),
+@pytest.mark.parametrize('start, total, per_epoch, per_loop, every, at', [
+    (0, 30, 7, 4, (), ()), (5, 61, 10, 100, (3, 25), ()),
+    (13, 14, 5, 2, (4,), ()), (0, 1, 1, 1, (), ()), (9, 45, 9, 9, (6,), ()),
+    (0, 61, 10, 100, (25,), (1, 6, 9, 13, 50)), (5, 61, 10, 7, (), (6, 59)),
 ])
 def test_a_loop_plan_is_the_same_in_python_and_in_a_graph(
-    start, total, per_epoch, per_loop, every):
-  plan = loop_plan.LoopPlan(start, total, per_epoch, per_loop, every)
+    start, total, per_epoch, per_loop, every, at):
+  plan = loop_plan.LoopPlan(start, total, per_epoch, per_loop, every, at)
   loops = list(plan)
   assert loops[0] == (start, start + 1)
   assert loops[-1][1] == total
@@ -69,8 +81,16 @@ def test_a_loop_plan_is_the_same_in_python_and_in_a_graph(
     assert end - start_step <= per_loop
     assert start_step // per_epoch == (end - 1) // per_epoch  # One epoch.
     stops = [step for step in range(start_step + 1, end)
-             if any(step % interval == 0 for interval in every)]
+             if any(step % interval == 0 for interval in every) or
+             step in at]
     assert not stops  # Loops end where work is due.
+
+
+def test_one_off_steps_end_loops_there_and_nowhere_else():
+  periodic = list(loop_plan.LoopPlan(0, 88, 44, 100, (11,)))
+  with_one_offs = list(loop_plan.LoopPlan(0, 88, 44, 100, (11,), (5, 8)))
+  ends = [end for _, end in periodic]
+  assert [end for _, end in with_one_offs] == sorted(ends + [5, 8])
 
 
 def test_a_plan_of_a_billion_epochs_costs_what_a_short_one_does():

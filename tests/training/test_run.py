@@ -247,9 +247,33 @@ def test_checkpoints_on_a_time_interval_at_loop_ends(tmp_path):
   assert saved == [1, 6, 11, 16, 21, 26, 31, 36, 41, 44]
 
 
-def test_a_profiler_trace_of_the_chosen_steps(tmp_path):
-  run.train_and_evaluate(
-      helpers.digits(1, **{'profile.start_step': 5, 'profile.num_steps': 3}),
-      str(tmp_path))
-  traces = list((tmp_path / 'train' / 'plugins' / 'profile').rglob('*.xplane.pb'))
-  assert len(traces) == 1
+def _traces(workdir) -> int:
+  """How many profiler traces the workdir holds."""
+  return len(list((workdir / 'train' / 'plugins' / 'profile').rglob(
+      '*.xplane.pb')))
+
+
+def test_a_profiler_trace_of_the_chosen_steps_ends_loops_only_at_its_edges(
+    tmp_path):
+  # A checkpoint after every loop shows where loops end: without a profile
+  # at 1 (the first step) and every 11 steps (the summaries).
+  config = helpers.digits(1, **{
+      'profile.start_step': 5, 'profile.num_steps': 3,
+      'intervals.checkpoint_secs': 1e-9, 'intervals.checkpoint_epochs': 0,
+      'intervals.keep_checkpoints': 100})
+  run.train_and_evaluate(config, str(tmp_path))
+  assert _traces(tmp_path) == 1
+  saved = sorted(int(path.name[5:-6]) for path in
+                 (tmp_path / 'checkpoints').glob('ckpt-*.index'))
+  assert saved == [1, 5, 8, 11, 22, 33, 44]
+
+
+def test_a_profile_cut_by_the_end_is_written_and_not_stopped_again(tmp_path):
+  # Steps 41..50: the first run ends at 44, the second resumes there.
+  profile = {'profile.start_step': 40, 'profile.num_steps': 10}
+  run.train_and_evaluate(helpers.digits(1, **profile), str(tmp_path))
+  assert _traces(tmp_path) == 1
+  results = run.train_and_evaluate(helpers.digits(2, **profile),
+                                   str(tmp_path))
+  assert results['step'] == 88
+  assert _traces(tmp_path) == 1
