@@ -207,8 +207,6 @@ class Watched:
                                     stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
     self._lines = []
-    self._arrivals = []  # time.monotonic() at which each line arrived.
-    self.output_ended = None  # When the process closed its output (exited).
     self._changed = threading.Condition()
     self._reader = threading.Thread(target=self._read, daemon=True)
     self._reader.start()
@@ -217,20 +215,10 @@ class Watched:
     for line in self.process.stdout:
       with self._changed:
         self._lines.append(line)
-        self._arrivals.append(time.monotonic())
         self._changed.notify_all()
     with self._changed:
-      self.output_ended = time.monotonic()
       self._lines.append(None)  # End of output.
       self._changed.notify_all()
-
-  def arrival(self, pattern: str) -> float:
-    """When the first line matching pattern arrived (time.monotonic())."""
-    with self._changed:
-      for line, arrived in zip(self._lines, self._arrivals):
-        if line is not None and re.search(pattern, line):
-          return arrived
-    raise AssertionError(f'No line matches {pattern!r}')
 
   @property
   def output(self) -> str:

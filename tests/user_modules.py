@@ -495,3 +495,26 @@ class HangsInPython(NoisyRegression):
 
   def actions(self):
     return [StuckInPython()]
+
+
+class HeldAfterStep4(ctl.Action):
+  """After step 4: prints "Held after step 4 until <path> exists" and waits
+  (an hour at most) until that file in the workdir exists. Whatever the
+  loop does next, a stop's save included, waits for a test to let it go."""
+
+  when = ctl.When(steps=4)
+
+  def run(self, event):
+    if event.step != 4:
+      return
+    path = os.path.join(event.workdir, 'release')
+    print(f'Held after step 4 until {path} exists', flush=True)
+    deadline = time.monotonic() + 3600
+    while not os.path.exists(path) and time.monotonic() < deadline:
+      time.sleep(0.05)  # A signal's Python handler runs in between.
+
+
+class HeldAtStep4(NoisyRegression):
+
+  def actions(self):
+    return [HeldAfterStep4()]

@@ -92,7 +92,7 @@ class DataPositions:
     try:
       tf_internals.check_dataset_serializable(dataset)
     except tf.errors.FailedPreconditionError as error:
-      raise _unsavable(error) from error
+      raise _unsavable(error, before_training=True) from error
     hazard = tf_internals.symbolic_checkpoint_hazard(dataset)
     if hazard is not None:  # Its saves could segfault (tf_internals).
       raise errors.CtlError(hazard)
@@ -112,7 +112,7 @@ class DataPositions:
     try:
       self._checkpoint.write(self._prefix(step))
     except tf.errors.FailedPreconditionError as error:
-      raise _unsavable(error) from error
+      raise _unsavable(error, before_training=False) from error
     steps = sorted(manager.step_of(name.rsplit('.', 1)[0]) for name in
                    storage.listdir(self._directory)
                    if name.startswith('ckpt-') and name.endswith('.index'))
@@ -156,20 +156,37 @@ def _pipeline_dir(pipeline: int, num_pipelines: int) -> str:
   return f'pipeline-{pipeline}-of-{num_pipelines}'
 
 
-def _unsavable(error: tf.errors.FailedPreconditionError) -> errors.CtlError:
+# The stateful ops that run Python in a pipeline: Dataset.from_generator and
+# tf.numpy_function (PyFunc), tf.py_function (EagerPyFunc).
+_PYTHON_OPS = ('PyFunc', 'EagerPyFunc')
+
+
+def _unsavable(error: tf.errors.FailedPreconditionError, *,
+               before_training: bool) -> errors.CtlError:
   """The error for a pipeline whose position cannot be saved."""
   reason = error.message.strip().splitlines()[0]
   reason = reason.split('}}')[-1].split('[Op:')[0].strip()
   reason = reason.removeprefix('Failed to serialize the input pipeline '
-                               'graph: ')
+                               'graph: ').rstrip('.')
+  if reason.split(' is stateful')[0] in _PYTHON_OPS:
+    cause = ('Python code in the tf.data pipeline: Dataset.from_generator, '
+             'tf.py_function or tf.numpy_function, whose place in the data '
+             'TensorFlow cannot save')
+    advice = ('hand ctl the data as NumPy arrays in ctl.InMemory(arrays) '
+              '(what a generator yields, gathered once), or build the '
+              'pipeline from TensorFlow ops alone (Dataset.from_tensor_slices, '
+              'TFRecordDataset, ctl.TFRecordSource)')
+  else:
+    cause = ('a stateful op in the tf.data pipeline, before or after a '
+             'shuffle, such as tf.random.uniform or a Keras random layer')
+    advice = ('draw random numbers with stateless ops seeded by (seed, '
+              'epoch, example), e.g. ctl.data.augment.seeds and '
+              'tf.random.stateless_uniform')
+  kept = ('Nothing was written.' if before_training else
+          'Nothing was saved at this step; earlier checkpoints are kept.')
   return errors.CtlError(
-      f'The training pipeline\'s position cannot be saved: {reason} (a '
-      'stateful op in the tf.data pipeline, before or after a shuffle, such '
-      'as tf.random.uniform, a Keras random layer, tf.py_function or '
-      'Dataset.from_generator). ctl must save it to resume exactly: draw '
-      'random numbers with stateless ops seeded by (seed, epoch, example), '
-      'e.g. ctl.data.augment.seeds and tf.random.stateless_uniform. Nothing '
-      'was saved at this step; earlier checkpoints are kept.')
+      f'The training pipeline\'s position cannot be saved: {reason} '
+      f'({cause}). ctl must save it to resume exactly: {advice}. {kept}')
 
 
 def _not_resumable(reseeding_op: str, shuffle_op: str) -> str:
@@ -183,4 +200,8 @@ def _not_resumable(reseeding_op: str, shuffle_op: str) -> str:
           'inner one reshuffle_each_iteration=False (the outer shuffle still '
           'mixes each pass), shuffle once, or read TFRecord files with '
           'ctl.TFRecordSource (its own order, resumable on any number of '
-          'workers). Nothing was written.')
+          'workers). tf.data.experimental.make_csv_dataset(shuffle=True) '
+          'builds such a pipeline (files shuffled, then rows): pass '
+          'shuffle=False and num_epochs=1 (ctl repeats it) and shuffle its '
+          'rows once after it, .unbatch().shuffle(n, seed=...).batch(b), or '
+          'read the CSV into arrays for ctl.InMemory. Nothing was written.')

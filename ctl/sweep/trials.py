@@ -115,19 +115,21 @@ def _metric_problem(metric: str, config) -> str | None:
 def trial_names(trials: list[Mapping[str, Any]]) -> list[str]:
   """Short, filesystem-safe, unique names made of the trials' overrides.
 
-  Keys are shortened to their last part where that stays unambiguous;
-  numbers keep 4 significant digits. Names that would still collide, or are
-  too long, get a hash of the exact overrides.
+  Only the overrides that tell trials apart are named: a key set to the
+  same value in every trial (hyper.fixed's) is left out, unless there is
+  a single trial. Keys are shortened to their last part where that stays
+  unambiguous; numbers keep 4 significant digits. Names that would still
+  collide, or are too long, get a hash of the exact overrides.
   """
-  last_part = {key: key.rsplit('.', 1)[-1]
-               for trial in trials for key in trial}
+  named = _varying_keys(trials)
+  last_part = {key: key.rsplit('.', 1)[-1] for key in named}
   uses = collections.Counter(last_part.values())
   short = {key: part if uses[part] == 1 else key
            for key, part in last_part.items()}
   names = []
   for trial in trials:
     name = '-'.join(f'{short[key]}={_format(value)}'
-                    for key, value in trial.items()) or 'base'
+                    for key, value in trial.items() if key in named) or 'base'
     name = re.sub(r'[^A-Za-z0-9._=+-]', '_', name)
     if len(name) > _MAX_NAME_CHARS:
       name = f'{name[:_MAX_NAME_CHARS - 9]}-{_digest(trial)}'
@@ -143,6 +145,18 @@ def trial_names(trials: list[Mapping[str, Any]]) -> list[str]:
       for other in same:
         names[other] = f'{name}-{_digest(trials[other])}'
   return names
+
+
+def _varying_keys(trials: list[Mapping[str, Any]]) -> set[str]:
+  """The keys whose value is not the same in every trial; every key when
+  there is one trial."""
+  keys = {key for trial in trials for key in trial}
+  if len(trials) == 1:
+    return keys
+  # A value's digest: lists and arrays compare as their text does.
+  seen = {key: {_digest({key: trial[key]}) if key in trial else None
+                for trial in trials} for key in keys}
+  return {key for key, values in seen.items() if len(values) > 1}
 
 
 def _format(value: Any) -> str:

@@ -7,6 +7,7 @@ tests/runtime/test_tf_internals.py)."""
 import pytest
 import tensorflow as tf
 
+from ctl import errors
 from ctl.checkpoints import data_positions
 from ctl.data import resumable
 
@@ -49,17 +50,22 @@ def test_a_position_saved_at_any_batch_resumes_every_later_pass(tmp_path,
         f'{pipeline} resumed after batch {stop}')
 
 
+def _refusal(dataset, directory) -> str | None:
+  """Why ctl refuses to train on dataset (check_savable); None if it does
+  not."""
+  positions = data_positions.DataPositions(
+      {'iterator': iter(dataset)}, str(directory), max_to_keep=1)
+  try:
+    positions.check_savable(dataset)
+  except errors.CtlError as error:
+    return str(error)
+  return None
+
+
 def test_a_reshuffling_op_below_another_shuffle_is_refused(tmp_path):
-  from ctl import errors  # pylint: disable=g-import-not-at-top
 
   def refusal(dataset):
-    positions = data_positions.DataPositions(
-        {'iterator': iter(dataset)}, str(tmp_path), max_to_keep=1)
-    try:
-      positions.check_savable(dataset)
-    except errors.CtlError as error:
-      return str(error)
-    return None
+    return _refusal(dataset, tmp_path)
 
   shuffled_files = R(8).shuffle(8, seed=3).interleave(
       lambda file: R(8).map(lambda x: x + 8 * file), cycle_length=2)
@@ -74,3 +80,29 @@ def test_a_reshuffling_op_below_another_shuffle_is_refused(tmp_path):
   assert refusal(PIPELINES['its_own_repeat']()) is None
   assert refusal(R(64).repeat().shuffle(64, seed=1).batch(8)) is None
   assert not list(tmp_path.iterdir())
+
+
+def test_a_generator_is_refused_with_what_to_do_instead(tmp_path):
+  generator = tf.data.Dataset.from_generator(
+      lambda: iter(range(8)),
+      output_signature=tf.TensorSpec([], tf.int64)).batch(4)
+  refusal = _refusal(generator, tmp_path)
+  assert refusal.startswith("The training pipeline's position cannot be "
+                            'saved: PyFunc is stateful (Python code in the '
+                            'tf.data pipeline: Dataset.from_generator'), refusal
+  assert 'ctl.InMemory(arrays)' in refusal
+  assert 'random numbers' not in refusal  # Not the advice for random ops.
+  assert refusal.endswith('Nothing was written.')  # Before training.
+
+
+def test_a_shuffled_csv_dataset_is_refused_with_what_to_do_instead(tmp_path):
+  csv = tmp_path / 'rows.csv'
+  csv.write_text('x,y\n' + ''.join(f'{i},{2 * i}\n' for i in range(32)))
+  make_csv = tf.data.experimental.make_csv_dataset
+  refusal = _refusal(make_csv(str(csv), batch_size=4, shuffle=True,
+                              num_epochs=1), tmp_path / 'positions')
+  assert 'make_csv_dataset(shuffle=True) builds such a pipeline' in refusal
+  # What it advises trains.
+  assert _refusal(make_csv(str(csv), batch_size=4, shuffle=False,
+                           num_epochs=1).unbatch().shuffle(16, seed=1)
+                  .batch(4), tmp_path / 'positions') is None

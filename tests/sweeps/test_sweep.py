@@ -87,6 +87,23 @@ def test_trial_names_are_short_safe_and_unique():
     trials_lib.trial_names([{'lr': 1.0}, {'lr': 1.0}])
 
 
+def test_trial_names_name_only_what_varies():
+  trials = hyper.product(
+      hyper.fixed({'mlflow.tracking_uri': 'http://127.0.0.1:5000',
+                   'num_epochs': 3, 'model.width': 64}),
+      hyper.sweep('optimizer.learning_rate', [0.001, 0.01]),
+      hyper.sweep('data.width', [1, 2]))
+  # data.width is short for what varies: model.width is fixed.
+  assert trials_lib.trial_names(trials) == [
+      'learning_rate=0.001-width=1', 'learning_rate=0.001-width=2',
+      'learning_rate=0.01-width=1', 'learning_rate=0.01-width=2']
+  # A key some trials leave out varies; one trial names all it sets.
+  assert trials_lib.trial_names([{'lr': 0.1, 'seed': 1}, {'lr': 0.1}]) == [
+      'seed=1', 'base']
+  assert trials_lib.trial_names(hyper.fixed({'num_epochs': 3})) == [
+      'num_epochs=3']
+
+
 def test_a_typo_in_one_trial_fails_the_sweep_before_anything_runs(tmp_path):
   sweep_file = _write_sweep(tmp_path, [
       {'optimizer.learning_rate': 0.01}, {'optimizer.learning_rat': 0.1},

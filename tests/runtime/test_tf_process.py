@@ -1,0 +1,26 @@
+"""A TensorFlow process ends at once: its exit handlers run, and nothing the
+interpreter's shutdown would wait for holds it."""
+
+import subprocess
+import sys
+
+import helpers
+
+_EXITS_NOW = '''
+import atexit, threading
+from ctl.runtime import tf_process
+atexit.register(print, 'exit handlers ran', flush=True)
+# What the interpreter's shutdown waits for, as it waits for TensorFlow's
+# under MultiWorkerMirroredStrategy: here a thread that runs for an hour.
+threading.Thread(target=threading.Event().wait, args=(3600,)).start()
+tf_process.exit_now(3)
+'''
+
+
+def test_exit_now_runs_the_exit_handlers_and_skips_the_shutdown():
+  # The bound only catches a process held by the thread.
+  run = subprocess.run([sys.executable, '-c', _EXITS_NOW], cwd=helpers.REPO,
+                       env=helpers.env_with(), capture_output=True, text=True,
+                       timeout=300)
+  assert run.returncode == 3, run.stderr[-3000:]
+  assert run.stdout.splitlines() == ['exit handlers ran']
