@@ -67,7 +67,8 @@ def plan(sweep: hyper.Sweep, config_file: str, workdir: str) -> list[Trial]:
   Raises:
     ConfigError: listing each trial whose overrides ctl.main would refuse.
   """
-  names = trial_names(sweep.trials)
+  names = _keep_earlier_names(sweep.trials, trial_names(sweep.trials),
+                              workdir)
   problems = []
   for index, (name, overrides) in enumerate(zip(names, sweep.trials)):
     try:
@@ -88,6 +89,20 @@ def plan(sweep: hyper.Sweep, config_file: str, workdir: str) -> list[Trial]:
                      overrides))
       for name, overrides in zip(names, sweep.trials)
   ]
+
+
+def _keep_earlier_names(trials: list[Mapping[str, Any]], names: list[str],
+                        workdir: str) -> list[str]:
+  """The names the workdir's sweep.json gave the same overrides (ctl 0.1.0
+  named trials after every override, the fixed ones too), so that a rerun
+  resumes those trials rather than training them anew."""
+  earlier = storage.read_json(os.path.join(workdir, 'sweep.json')) or {}
+  named = {_digest(trial['overrides']): trial['name']
+           for trial in earlier.get('trials', ())}
+  kept = [named.get(_digest(overrides), name)
+          for overrides, name in zip(trials, names)]
+  # An earlier name that a new trial's name meets: today's names for all.
+  return kept if len(set(kept)) == len(kept) else names
 
 
 def _metric_problem(metric: str, config) -> str | None:

@@ -2,6 +2,7 @@
 
 import ast
 import csv
+import json
 import pathlib
 import signal
 import sys
@@ -102,6 +103,23 @@ def test_trial_names_name_only_what_varies():
       'seed=1', 'base']
   assert trials_lib.trial_names(hyper.fixed({'num_epochs': 3})) == [
       'num_epochs=3']
+
+
+def test_a_rerun_keeps_the_names_an_earlier_ctl_gave_its_trials(tmp_path):
+  # ctl 0.1.0 named trials after every override: a rerun of its sweep
+  # workdir resumes them under those names instead of training anew.
+  trials = hyper.product(hyper.fixed({'num_epochs': 1}),
+                         hyper.sweep('optimizer.learning_rate', [0.01, 0.1]))
+  (tmp_path / 'sweep.json').write_text(json.dumps({'trials': [
+      {'name': 'num_epochs=1-learning_rate=0.01', 'overrides': trials[0]},
+      {'name': 'num_epochs=1-learning_rate=0.1', 'overrides': trials[1]}]}))
+  sweep = hyper.Sweep(config=helpers.DIGITS, trials=trials)
+  planned = trials_lib.plan(sweep, helpers.DIGITS, str(tmp_path))
+  assert [trial.name for trial in planned] == [
+      'num_epochs=1-learning_rate=0.01', 'num_epochs=1-learning_rate=0.1']
+  assert [trial.name for trial in trials_lib.plan(
+      sweep, helpers.DIGITS, str(tmp_path / 'new'))] == [
+          'learning_rate=0.01', 'learning_rate=0.1']
 
 
 def test_a_typo_in_one_trial_fails_the_sweep_before_anything_runs(tmp_path):
