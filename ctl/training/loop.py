@@ -160,7 +160,10 @@ class TrainLoop:
     agreed = (outputs['requests'].numpy() > 0).tolist()
     if self._speed.stop(num_steps):
       self.first_step_seconds = speed_lib.seconds_since(self._started)
-      logging.info('First step done %.1f s after the process started',
+      # A resumed run's first loop is as long as an uninterrupted run's.
+      logging.info('%s done %.1f s after the process started',
+                   'First step' if num_steps == 1 else
+                   f'First loop (steps {previous_step + 1}..{step})',
                    self.first_step_seconds)
     if self._stop_on_divergence:
       check_finite(logs, previous_step, step)

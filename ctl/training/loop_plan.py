@@ -1,6 +1,8 @@
 """Where loops of steps end: at every step where some action is due by its
 step or epoch count (ctl/actions.py), so that it runs between
-loops, after at most steps_per_loop steps."""
+loops, and at every multiple of steps_per_loop: the same steps whether a
+run started at step 0 or resumed, so that every action sees the same
+loops either way."""
 
 from collections.abc import Iterator
 import dataclasses
@@ -13,10 +15,13 @@ class LoopPlan:
   """The (first step, end step) of each loop of steps from `start` to
   `total_steps`.
 
-  A loop ends at every epoch end and at every multiple of each of `every`
-  (the steps where some periodic work is due), after at most
-  steps_per_loop steps. The first is one step: it traces the functions,
-  and its end times the start-up exactly.
+  A loop ends at every epoch end, at every multiple of each of `every`
+  (the steps where some periodic work is due) and at every multiple of
+  steps_per_loop. A run's first loop from step 0 is one step: it traces
+  the functions, and its end times the start-up exactly. A resumed run
+  (from a step where a loop ended) cuts its loops where a run from step 0
+  cuts them: an action that reads each loop's logs (a rollback's recent
+  mean) then decides alike whether or not the run was stopped in between.
 
   The loops are computed as they are needed: in Python by iterating the
   plan (the training loop), in a tf.data pipeline one epoch at a time by
@@ -33,14 +38,14 @@ class LoopPlan:
   def __iter__(self) -> Iterator[tuple[int, int]]:
     step = self.start
     while step < self.total_steps:
-      end = step + 1 if step == self.start else self._next_end(step)
+      end = 1 if step == 0 else self._next_end(step)
       yield step, end
       step = end
 
   def _next_end(self, step: int) -> int:
-    return min(step + self.steps_per_loop, self.total_steps,
-               *((step // every + 1) * every
-                 for every in (self.steps_per_epoch, *self.every)))
+    return min(self.total_steps,
+               *((step // every + 1) * every for every in (
+                   self.steps_per_loop, self.steps_per_epoch, *self.every)))
 
   def epoch_bounds(self, epoch: tf.Tensor) -> tf.Tensor:
     """The loops of epoch `epoch` (an int64 scalar), as [n, 2] int64 step
@@ -52,10 +57,10 @@ class LoopPlan:
 
     def body(step, bounds):
       end = tf.reduce_min(tf.stack([
-          step + self.steps_per_loop, tf.constant(self.total_steps, tf.int64),
-          *((step // every + 1) * every
-            for every in (self.steps_per_epoch, *self.every))]))
-      end = tf.where(tf.equal(step, self.start), step + 1, end)
+          tf.constant(self.total_steps, tf.int64),
+          *((step // every + 1) * every for every in (
+              self.steps_per_loop, self.steps_per_epoch, *self.every))]))
+      end = tf.where(tf.equal(step, 0), tf.ones_like(end), end)
       return end, bounds.write(bounds.size(), tf.stack([step, end]) - first)
 
     _, bounds = tf.while_loop(
