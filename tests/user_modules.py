@@ -378,6 +378,48 @@ class SpikesOnce(NoisyRegression):
     return super().train_step((x, y), ctx)
 
 
+class LogsItsSteps(CountsSteps):
+  """Logs its step (from 1), so that a report's mean says which steps it
+  averaged ((first + last) / 2), and counts them in a train metric; its
+  logged loss (not the one trained on) is NaN at step 21, or SPIKE times
+  what it is, so that a rollback can be seen to start the reports anew."""
+
+  SPIKE_STEP = 21
+  SPIKE = float('nan')
+
+  def train_step(self, batch, ctx):
+    logs = super().train_step(batch, ctx)
+    spiked = tf.equal(ctx.step + 1, self.SPIKE_STEP)
+    return {'loss': tf.where(spiked, logs['loss'] * self.SPIKE, logs['loss']),
+            'step': tf.cast(ctx.step + 1, tf.float32)}
+
+  def actions(self):
+    return [HoldsAfter()]
+
+
+class SpikesInItsLog(LogsItsSteps):
+  """LogsItsSteps whose logged loss is 40 times what it is at step 41: a
+  rollback with factor 10 sees it in a loop of one step, and not in a loop
+  of steps 41..48."""
+
+  SPIKE_STEP = 41
+  SPIKE = 40.0
+
+
+class HoldsAfter(ctl.Action):
+  """With CTL_TEST_HOLD_AFTER_STEP=N in the environment: after step N's
+  log line and before its checkpoint, says "Holding after step N" and
+  sleeps (a test kills the process there); without it, nothing."""
+
+  when = ctl.When(every_loop=True)
+
+  def run(self, event):
+    hold = os.environ.get('CTL_TEST_HOLD_AFTER_STEP')
+    if hold and event.step == int(hold):
+      print(f'Holding after step {event.step}', flush=True)
+      time.sleep(300)
+
+
 class PythonControlFlow(NoisyRegression):
   """A train_step written as users write one: Python `if`, `for` and
   `while` on tensors (AutoGraph's), freezing the model for steps 1..4."""

@@ -97,9 +97,10 @@ class Rollback(actions.Action):
   worker decides alike). A value that is not finite, or above `factor`
   times the mean of the last `window` loops, is rolled back, at most
   `max_rollbacks` times in a run; the next one stops the run (exit 1, as
-  without rollback). Its count and recent values are in every checkpoint.
-  A spike in one step is diluted in a long loop: `steps_per_loop` bounds
-  what it sees.
+  without rollback). Its count and recent values are in every checkpoint,
+  and a resumed run's loops end at the same steps (loop_plan.LoopPlan):
+  it decides as an uninterrupted run would. A spike in one step is
+  diluted in a long loop: `steps_per_loop` bounds what it sees.
   """
 
   when = actions.When(every_loop=True)

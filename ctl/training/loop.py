@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import dataclasses
 import datetime
 import math
+from typing import Any
 
 from absl import logging
 import numpy as np
@@ -163,7 +164,10 @@ class TrainLoop:
     agreed = (outputs['requests'].numpy() > 0).tolist()
     if self._speed.stop(num_steps):
       self.first_step_seconds = speed_lib.seconds_since(self._started)
-      logging.info('First step done %.1f s after the process started',
+      # A resumed run's first loop is as long as an uninterrupted run's.
+      logging.info('%s done %.1f s after the process started',
+                   'First step' if num_steps == 1 else
+                   f'First loop (steps {previous_step + 1}..{step})',
                    self.first_step_seconds)
     if self._stop_on_divergence:
       check_finite(logs, previous_step, step)
@@ -251,12 +255,22 @@ class TrainLoop:
         index in time_due)
 
 
-class Reporter:
+class Reporter(actions_lib.Action):
   """The report action: logs and summarises the task's logs and metrics.
 
-  The task's logs are averaged over the loops since the last report; the
-  train metrics are read (on every worker: a collective) and reset.
+  The task's logs are averaged over the steps since the last report; the
+  train metrics are read (on every worker: a collective) and reset. The
+  logs' running sums are in every checkpoint (its state): a resumed run's
+  first report averages the same steps as an uninterrupted run's (the
+  train metrics, not in the checkpoint, count the steps since the resume).
+  A rollback starts both anew: the next report covers the steps trained
+  after it.
   """
+
+  # Its state's key among the actions' states; a task's action named so is
+  # refused (Trainer), as two actions sharing a name are.
+  name = 'ctl.report'
+  on_every_worker = True
 
   def __init__(self, *, length: state_lib.TrainingLength,
                metrics: metric_reading.MetricReader,
@@ -295,17 +309,33 @@ class Reporter:
       self._metric_results = metric_reading.as_python(metric_results)
 
   def restored(self) -> None:
-    """After a rollback restored the metrics' state of a checkpoint: when
-    the loop already read this report's metrics, that state would count in
-    the next report; it is reset."""
-    if self._metric_results is not None:
-      self._metrics.reset()
+    """After a rollback: the steps since the last report are dropped (their
+    logs, loop_logs and train metrics); the next report covers the steps
+    after it."""
+    self._sums, self._steps, self._latest = {}, 0, {}
+    self._metric_results = None
+    self._metrics.reset()
+
+  def state(self) -> dict[str, Any]:
+    """The logs' sums since the last report (JSON keeps a float exact)."""
+    return {'sums': self._sums, 'steps': self._steps}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    """Takes back the sums state() returned at the checkpoint resumed."""
+    self._sums, self._steps = dict(state['sums']), state['steps']
+
+  def run(self, event: actions_lib.Event) -> None:
+    """As an action: the report."""
+    self.report(event)
 
   def report(self, event: actions_lib.Event) -> None:
     """Logs (and at summary steps summarises) everything since the last."""
+    if not self._steps:
+      # A rollback at this step left no step to report (its warning says
+      # so): no log line; the actions after one do not run.
+      return
     step = event.step
-    scalars = {name: total / self._steps for name, total in self._sums.items()
-               } if self._steps else {}
+    scalars = {name: total / self._steps for name, total in self._sums.items()}
     self._sums, self._steps = {}, 0
     scalars.update(self._latest)
     if self._metric_results is None:

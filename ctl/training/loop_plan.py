@@ -1,6 +1,8 @@
 """Where loops of steps end: at every step where some action is due by its
 step or epoch count or once (ctl/actions.py), so that it runs between
-loops, after at most steps_per_loop steps."""
+loops, and at every multiple of steps_per_loop: the same steps whether a
+run started at step 0 or resumed, so that every action sees the same
+loops either way."""
 
 import bisect
 from collections.abc import Iterator
@@ -15,10 +17,13 @@ class LoopPlan:
   `total_steps`.
 
   A loop ends at every epoch end, at every multiple of each of `every`
-  (the steps where some periodic work is due) and at each step of `at`
-  (sorted: where some one-off work is due), after at most
-  steps_per_loop steps. The first is one step: it traces the functions,
-  and its end times the start-up exactly.
+  (the steps where some periodic work is due), at each step of `at`
+  (sorted: where some one-off work is due) and at every multiple of
+  steps_per_loop. A run's first loop from step 0 is one step: it traces
+  the functions, and its end times the start-up exactly. A resumed run
+  (from a step where a loop ended) cuts its loops where a run from step 0
+  cuts them: an action that reads each loop's logs (a rollback's recent
+  mean) then decides alike whether or not the run was stopped in between.
 
   The loops are computed as they are needed: in Python by iterating the
   plan (the training loop), in a tf.data pipeline one epoch at a time by
@@ -36,17 +41,16 @@ class LoopPlan:
   def __iter__(self) -> Iterator[tuple[int, int]]:
     step = self.start
     while step < self.total_steps:
-      end = step + 1 if step == self.start else self._next_end(step)
+      end = 1 if step == 0 else self._next_end(step)
       yield step, end
       step = end
 
   def _next_end(self, step: int) -> int:
-    """Where the loop from `step` (not the first) ends."""
+    """Where the loop from `step` (not a run's first from step 0) ends."""
     after = bisect.bisect_right(self.at, step)
-    return min(step + self.steps_per_loop, self.total_steps,
-               *self.at[after:after + 1],
-               *((step // every + 1) * every
-                 for every in (self.steps_per_epoch, *self.every)))
+    return min(self.total_steps, *self.at[after:after + 1],
+               *((step // every + 1) * every for every in (
+                   self.steps_per_loop, self.steps_per_epoch, *self.every)))
 
   def _next_one_off(self, step: tf.Tensor) -> tf.Tensor:
     """The first step of `at` after `step` (int64 scalars), or the end."""
@@ -63,10 +67,10 @@ class LoopPlan:
 
     def body(step, bounds):
       end = tf.reduce_min(tf.stack([
-          step + self.steps_per_loop, self._next_one_off(step),
-          *((step // every + 1) * every
-            for every in (self.steps_per_epoch, *self.every))]))
-      end = tf.where(tf.equal(step, self.start), step + 1, end)
+          tf.constant(self.total_steps, tf.int64), self._next_one_off(step),
+          *((step // every + 1) * every for every in (
+              self.steps_per_loop, self.steps_per_epoch, *self.every))]))
+      end = tf.where(tf.equal(step, 0), tf.ones_like(end), end)
       return end, bounds.write(bounds.size(), tf.stack([step, end]) - first)
 
     _, bounds = tf.while_loop(

@@ -15,6 +15,7 @@ class SpeedMeter:
     self._steps = 0  # Since the last steps_per_second().
     self._seconds = 0.0
     self._loop_ends = []  # (steps trained, time) after each loop.
+    self._first = None  # (steps, seconds) of the first loop, until read.
 
   def start(self) -> None:
     self._loop_started = self._clock()
@@ -25,16 +26,21 @@ class SpeedMeter:
     first = not self._loop_ends
     trained = num_steps + (self._loop_ends[-1][0] if self._loop_ends else 0)
     self._loop_ends.append((trained, now))
-    if not first:
+    if first:
+      self._first = (num_steps, now - self._loop_started)
+    else:
       self._steps += num_steps
       self._seconds += now - self._loop_started
     return first
 
   def steps_per_second(self) -> float | None:
-    """Training speed since the last call, inside train loops only."""
-    speed = self._steps / self._seconds if self._seconds else None
-    self._steps, self._seconds = 0, 0.0
-    return speed
+    """Training speed since the last call, inside train loops only; the
+    first loop's (its tracing included) when it is all there was (a
+    resumed run's first report may follow its first loop alone)."""
+    steps, seconds = (self._steps, self._seconds) if self._seconds else (
+        self._first or (0, 0.0))
+    self._steps, self._seconds, self._first = 0, 0.0, None
+    return steps / seconds if seconds else None
 
   def steady_steps_per_second(self) -> float | None:
     """Speed over the second half of the steps trained, periodic work included.

@@ -159,7 +159,7 @@ class StepRunner:
 
     The step is traced once, as a function the graph loop's body calls:
     every step then runs the same program whichever loop it falls in (XLA
-    compiles a loop whole, and a resumed run cuts loops elsewhere), and the
+    compiles a loop whole, and loops differ in length), and the
     sums the loop carries take the logs' structure from that trace.
     """
     first_step = self._state.step.read_value()

@@ -104,13 +104,15 @@ class Trainer:
         *builtin_actions.from_config(config, workdir),
         *mlflow_logger.from_config(config, workdir, task_info.is_chief),
         *self.task.actions()]
-    actions_lib.check_names(self.task_actions)
+    # The report's state is saved beside theirs, under its own name.
+    actions_lib.check_names([*self.task_actions, loop_lib.Reporter])
     if task_info.has_evaluator and any(action.when.after_eval
                                        for action in self.task_actions):
       logging.warning('The cluster\'s evaluator task evaluates, so training '
                       'does not: actions after each evaluation (early '
                       'stopping) never run.')
     self.speed = speed_lib.SpeedMeter()
+    self.reporter = None  # The report action, once training starts.
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
     self.evaluation = _Evaluation(self, best_lib.BestCheckpoint(
@@ -178,13 +180,16 @@ class Trainer:
         accumulate_steps=self.config.accumulate_steps,
         train_metrics=train_metrics, steps_done=self.watchdog.steps)
     intervals = self.config.intervals
-    reporter = loop_lib.Reporter(
+    reporter = self.reporter = loop_lib.Reporter(
         length=self.length, metrics=train_metrics,
         writer=self.train_writer, speed=self.speed,
         when=When(steps=(intervals.log_steps, intervals.summary_steps),
                   epochs=1, at_end=True),
         summary_when=When(steps=intervals.summary_steps, epochs=1,
                           at_end=True))
+    # Its sums since the last report, from the checkpoint resumed (still
+    # in the variable: nothing was captured since).
+    self.action_states.restore([reporter])
     self.loop = loop_lib.TrainLoop(
         runner=runner, length=self.length,
         steps_per_loop=self.config.steps_per_loop,
@@ -216,7 +221,7 @@ class Trainer:
              if action.handles_divergence]
     return [
         *first,
-        call('report', reporter.when, reporter.report),
+        reporter,
         call('evaluate', When(steps=intervals.eval_steps, epochs=1,
                               at_end=True, on_request='evaluate'),
              self.evaluation),
@@ -242,7 +247,8 @@ class Trainer:
     return checkpoint_manager.step_of(path)
 
   def _save(self, event: actions_lib.Event) -> None:
-    self.action_states.capture(self.task_actions, event.requests.get('stop'))
+    self.action_states.capture([*self.task_actions, self.reporter],
+                               event.requests.get('stop'))
     self.data_positions.save(event.step)
     self.checkpointer.save(event.step)
 

@@ -5,6 +5,7 @@ chief-only action's stop request agreed by two workers; eval_end sees every
 pass's results."""
 
 import csv
+import math
 import re
 import shutil
 import signal
@@ -198,3 +199,89 @@ def test_each_report_counts_the_train_metrics_of_its_steps_once(tmp_path):
   counted = [(step, value) for step, name, value in _csv_rows(tmp_path)
              if name == 'train/steps_counted']
   assert counted == [('4', '4.0'), ('6', '2.0')]
+
+
+# Loops of 8 steps, reports at epoch ends (16, 32, 48) and checkpoints
+# every 8: the checkpoint of step 40 falls inside the report of steps
+# 33..48, and SpikesInItsLog's logged loss spikes at step 41. In loops of
+# steps 41..48 the spike stays under 10 times the recent mean; alone in a
+# loop it is over.
+SPIKE_ARGS = {'steps_per_loop': 8, 'log_csv': True,
+              'intervals.log_steps': 16, 'intervals.checkpoint_steps': 8,
+              'intervals.async_checkpoint': False,
+              'rollback.max_rollbacks': 2, 'rollback.factor': 10.0,
+              'rollback.window': 3}
+
+
+@pytest.mark.slow
+def test_a_run_killed_between_reports_decides_and_reports_as_if_not(
+    tmp_path, caplog):
+  caplog.set_level('INFO')
+  reference = run.train_and_evaluate(_noisy('SpikesInItsLog', **SPIKE_ARGS),
+                                     str(tmp_path / 'reference'))
+  assert 'Rolled back' not in caplog.text
+  # The steps each report averaged: (first + last) / 2.
+  assert [(step, value) for step, name, value in
+          _csv_rows(tmp_path / 'reference') if name == 'train/step'] == [
+              ('16', '8.5'), ('32', '24.5'), ('48', '40.5')]
+
+  # SIGKILLed after step 48's log line, before its checkpoint: the run
+  # resumes from step 40.
+  workdir = tmp_path / 'killed'
+  job = helpers.Watched(
+      helpers.ctl_command(
+          f'--config={NOISY}:SpikesInItsLog', '--config.deterministic=True',
+          f'--workdir={workdir}',
+          *(f'--config.{name}={value}' for name, value in SPIKE_ARGS.items())),
+      env=helpers.env_with(CTL_TEST_HOLD_AFTER_STEP='48'))
+  try:
+    job.wait_for('Holding after step 48')
+  finally:
+    job.kill()
+  assert helpers.latest_checkpoint_step(workdir) == 40
+  caplog.clear()
+  resumed = run.train_and_evaluate(_noisy('SpikesInItsLog', **SPIKE_ARGS),
+                                   str(workdir))
+  assert 'Training from step 40 to 48' in caplog.text
+  assert 'Rolled back' not in caplog.text
+  # The train metrics' state is not in the checkpoint (README): they count
+  # the steps since the resume.
+  counted = ('48', 'train/steps_counted', '16.0')
+  rows = _csv_rows(tmp_path / 'reference')
+  assert counted in rows
+  assert _csv_rows(workdir) == [
+      row if row != counted else ('48', 'train/steps_counted', '8.0')
+      for row in rows]
+  assert resumed['weights_sha256'] == reference['weights_sha256']
+
+
+@pytest.mark.parametrize('log_steps, rolled_back, logged', [
+    # Steps 21..22 are rolled back after 22; the report of 24 averages
+    # only steps 23..24, and counts 2 of them.
+    (4, 22, [('4', '2.5', '4.0'), ('8', '6.5', '4.0'), ('12', '10.5', '4.0'),
+             ('16', '14.5', '4.0'), ('20', '18.5', '4.0'),
+             ('24', '23.5', '2.0'), ('28', '26.5', '4.0'),
+             ('32', '30.5', '4.0')]),
+    # A report due at the rollback's step has no step to report.
+    (2, 22, [('20', '19.5', '2.0'), ('24', '23.5', '2.0')]),
+])
+def test_a_rollback_starts_the_reports_anew(tmp_path, caplog, log_steps,
+                                            rolled_back, logged):
+  # Loops of 2 steps; LogsItsSteps' logged loss is NaN at step 21.
+  config = _noisy('LogsItsSteps', total_steps=32, steps_per_loop=2,
+                  log_csv=True, **{'intervals.log_steps': log_steps,
+                                   'rollback.max_rollbacks': 1})
+  caplog.set_level('INFO')
+  run.train_and_evaluate(config, str(tmp_path))
+  assert (f'Rolled back after step {rolled_back}: the training loss is nan'
+          in caplog.text)
+  rows = _csv_rows(tmp_path)
+  steps = {step: value for step, name, value in rows if name == 'train/step'}
+  counted = {step: value for step, name, value in rows
+             if name == 'train/steps_counted'}
+  assert all(math.isfinite(float(value)) for step, name, value in rows
+             if name == 'train/loss')
+  assert [(step, steps[step], counted[step]) for step, _, _ in logged] == (
+      logged)
+  if log_steps == 2:
+    assert str(rolled_back) not in steps

@@ -68,7 +68,7 @@ def test_a_loop_plan_is_the_same_in_python_and_in_a_graph(
     start, total, per_epoch, per_loop, every, at):
   plan = loop_plan.LoopPlan(start, total, per_epoch, per_loop, every, at)
   loops = list(plan)
-  assert loops[0] == (start, start + 1)
+  assert loops[0][0] == start
   assert loops[-1][1] == total
   assert all(end == next_start
              for (_, end), (next_start, _) in zip(loops, loops[1:]))
@@ -81,8 +81,8 @@ def test_a_loop_plan_is_the_same_in_python_and_in_a_graph(
     assert end - start_step <= per_loop
     assert start_step // per_epoch == (end - 1) // per_epoch  # One epoch.
     stops = [step for step in range(start_step + 1, end)
-             if any(step % interval == 0 for interval in every) or
-             step in at]
+             if any(step % interval == 0 for interval in (per_loop, *every))
+             or step in at]
     assert not stops  # Loops end where work is due.
 
 
@@ -91,6 +91,21 @@ def test_one_off_steps_end_loops_there_and_nowhere_else():
   with_one_offs = list(loop_plan.LoopPlan(0, 88, 44, 100, (11,), (5, 8)))
   ends = [end for _, end in periodic]
   assert [end for _, end in with_one_offs] == sorted(ends + [5, 8])
+
+
+@pytest.mark.parametrize('total, per_epoch, per_loop, every', [
+    (61, 10, 4, (3, 25)), (45, 9, 9, (6,)), (30, 7, 100, ()),
+])
+def test_a_resumed_plan_cuts_its_loops_where_a_plan_from_step_0_does(
+    total, per_epoch, per_loop, every):
+  # A run resumes from a step where one of its loops ended; its loops must
+  # be the rest of the uninterrupted run's, or an action reading each
+  # loop's logs (a rollback) decides otherwise.
+  whole = list(loop_plan.LoopPlan(0, total, per_epoch, per_loop, every))
+  assert whole[0] == (0, 1)  # Times the start-up.
+  for index, (start, _) in enumerate(whole[1:], 1):
+    resumed = loop_plan.LoopPlan(start, total, per_epoch, per_loop, every)
+    assert list(resumed) == whole[index:], start
 
 
 def test_a_plan_of_a_billion_epochs_costs_what_a_short_one_does():
