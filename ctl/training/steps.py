@@ -126,6 +126,19 @@ class StepRunner:
           self._loop_function, num_steps, requests, read_metrics)
     return self._calls[read_metrics](num_steps, requests)
 
+  def trace_step(self, iterator) -> None:
+    """Traces a step on the iterator's data without running it, so that a
+    step ctl refuses fails before the run writes anything.
+
+    Raises:
+      ConfigError: config.accumulate_steps > 1 and the step does not call
+        ctx.accumulate.
+    """
+    one = tf.constant(1)
+    tf.function(lambda: self._loop_steps(
+        self._input.loop_data(iterator, one), one),
+                autograph=False).get_concrete_function()
+
   def _train_loop(self, iterator, num_steps: tf.Tensor, requests: tf.Tensor,
                   read_metrics: bool) -> dict[str, Any]:
     loop_data = self._input.loop_data(iterator, num_steps)
@@ -198,7 +211,7 @@ class StepRunner:
       logs = call_step(task_function(self._task.train_step, self._autograph),
                        batch, ctx, 'train_step')
     if self._accumulate_steps > 1 and not ctx.accumulated:
-      raise errors.CtlError(
+      raise errors.ConfigError(
           f'config.accumulate_steps={self._accumulate_steps}, but the task\'s '
           'train_step does not call ctx.accumulate, so it would train on '
           'whole batches: call it (see ctl.task.StepContext.accumulate), or '

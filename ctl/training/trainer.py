@@ -37,6 +37,7 @@ from ctl.training import builtin_actions
 from ctl.training import ema
 from ctl.training import evaluation
 from ctl.training import loop as loop_lib
+from ctl.training import loop_plan
 from ctl.training import metric_reading
 from ctl.training import mlflow_logger
 from ctl.training import speed as speed_lib
@@ -152,12 +153,35 @@ class Trainer:
                    f' (stopped: {self._stopped.reason})' if self._stopped
                    else '', workdir_lib.results_path(self.workdir))
       return results
+    if self.config.accumulate_steps > 1:
+      self._check_step_accumulates(step)
     if self.task_info.is_chief:
       workdir_lib.prepare(self.workdir)
       self.workdir_lock.acquire()  # A workdir that did not exist before.
       workdir_lib.remove_leftovers(self.workdir)
       workdir_lib.save_config(self.workdir, self.config)
     return None
+
+  def _check_step_accumulates(self, step: int) -> None:
+    """A step that ignores config.accumulate_steps (never calls
+    ctx.accumulate) is a config mistake, refused before anything is
+    written: traced once more, only for accumulating runs."""
+    one_step = loop_plan.LoopPlan(step, step + 1,
+                                  self.length.steps_per_epoch, 1)
+    self._step_runner(metric_reading.MetricReader([])).trace_step(
+        self.train_input.make_iterator(one_step))
+
+  def _step_runner(self, train_metrics) -> steps_lib.StepRunner:
+    return steps_lib.StepRunner(
+        strategy=self.strategy, task=self.task, train_input=self.train_input,
+        state=self.state, global_batch_size=self.length.global_batch_size,
+        seed=self.config.seed, steps_per_epoch=self.length.steps_per_epoch,
+        jit_compile=self.jit_compile,
+        all_reduce_dtype=self.config.distribution.all_reduce_dtype,
+        summary_steps=self.config.intervals.summary_steps,
+        autograph=self.config.autograph,
+        accumulate_steps=self.config.accumulate_steps,
+        train_metrics=train_metrics, steps_done=self.watchdog.steps)
 
   def train(self) -> loop_lib.Stopped | None:
     """Trains to the last step, or until an action stops training.
@@ -169,16 +193,7 @@ class Trainer:
     if self._stopped or step >= self.length.total_steps:
       return self._stopped
     train_metrics = metric_reading.MetricReader(self.task.train_metrics)
-    runner = steps_lib.StepRunner(
-        strategy=self.strategy, task=self.task, train_input=self.train_input,
-        state=self.state, global_batch_size=self.length.global_batch_size,
-        seed=self.config.seed, steps_per_epoch=self.length.steps_per_epoch,
-        jit_compile=self.jit_compile,
-        all_reduce_dtype=self.config.distribution.all_reduce_dtype,
-        summary_steps=self.config.intervals.summary_steps,
-        autograph=self.config.autograph,
-        accumulate_steps=self.config.accumulate_steps,
-        train_metrics=train_metrics, steps_done=self.watchdog.steps)
+    runner = self._step_runner(train_metrics)
     intervals = self.config.intervals
     reporter = self.reporter = loop_lib.Reporter(
         length=self.length, metrics=train_metrics,
