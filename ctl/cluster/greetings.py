@@ -34,6 +34,12 @@ class Heard(enum.Enum):
   UNRESOLVED = 'its host name does not resolve'
   SOMETHING_ELSE = ('something accepts connections there, but it is not a '
                     'ctl task (another program holds the port?)')
+  # No bytes at all within _ANSWER_SECONDS, or the connection dropped: a
+  # process stopped (SIGSTOP), too busy to answer, or killed meanwhile.
+  # Not another program (TensorFlow's server sends its HTTP/2 settings at
+  # once): a peer that answered before is still its own self.
+  SILENT = ('something accepts connections there but does not answer (a '
+            'stopped or overloaded process?)')
   OTHER_CLUSTER = ('a ctl task of another cluster answers there (started '
                    'with a different TF_CONFIG?)')
   PEER = 'arrived'
@@ -75,13 +81,15 @@ def probe(cluster: Cluster, peer: str) -> tuple[Heard, str]:
   except OSError as error:
     return Heard.NOTHING, error.strerror or str(error) or type(error).__name__
   with connection:
+    connection.settimeout(_ANSWER_SECONDS)
     try:
-      connection.settimeout(_ANSWER_SECONDS)
       connection.sendall(_greeting(cluster))
-      answer = _read_line(connection)
     except OSError:
-      answer = ''
-  fields = answer.split()
+      return Heard.SILENT, ''
+    answer = _receive_line(connection)
+  if not answer:
+    return Heard.SILENT, ''
+  fields = _first_line(answer).split()
   if fields == [_GREETING, cluster.fingerprint, peer]:
     return Heard.PEER, ''
   if fields[:1] == [_GREETING]:
@@ -95,14 +103,23 @@ _NO_SUCH_NAME = tuple(getattr(socket, name) for name in (
     'EAI_NONAME', 'EAI_NODATA') if hasattr(socket, name))
 
 
-def _read_line(connection: socket.socket, limit: int = 200) -> str:
-  """One short line from connection ('' if it is something else)."""
+def _receive_line(connection: socket.socket, limit: int = 200) -> bytes:
+  """What connection sends up to its first newline, `limit` bytes or its
+  end, whichever comes first; what came before a timeout or a reset."""
   data = b''
-  while b'\n' not in data and len(data) < limit:
-    chunk = connection.recv(limit)
-    if not chunk:
-      break
-    data += chunk
+  try:
+    while b'\n' not in data and len(data) < limit:
+      chunk = connection.recv(limit)
+      if not chunk:
+        break
+      data += chunk
+  except OSError:
+    pass
+  return data
+
+
+def _first_line(data: bytes) -> str:
+  """The first whole line of data ('' without one)."""
   line, newline, _ = data.partition(b'\n')
   return line.decode('ascii', errors='replace') if newline else ''
 
@@ -177,7 +194,7 @@ class Listener:
     """Answers one greeting; remembers the peer only once it is answered."""
     try:
       connection.settimeout(_ANSWER_SECONDS)
-      fields = _read_line(connection).split()
+      fields = _first_line(_receive_line(connection)).split()
       if fields[:1] == [_LEAVING]:
         if (len(fields) in (3, 4) and
             fields[1] == self._cluster.fingerprint and
