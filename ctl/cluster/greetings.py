@@ -75,9 +75,10 @@ def probe(cluster: Cluster, peer: str) -> tuple[Heard, str]:
     connection = socket.create_connection((host.strip('[]'), int(port)),
                                           timeout=_CONNECT_SECONDS)
   except socket.gaierror as error:
-    found = (Heard.UNRESOLVED if error.errno in _NO_SUCH_NAME
-             else Heard.NOTHING)
-    return found, error.strerror or str(error)
+    # Whatever the resolver's reason: "no such name" and "temporary
+    # failure" (EAI_AGAIN: no DNS server reachable, as in a network
+    # namespace) alike; rendezvous.py allows a minute for either to pass.
+    return Heard.UNRESOLVED, error.strerror or str(error)
   except OSError as error:
     return Heard.NOTHING, error.strerror or str(error) or type(error).__name__
   with connection:
@@ -95,12 +96,6 @@ def probe(cluster: Cluster, peer: str) -> tuple[Heard, str]:
   if fields[:1] == [_GREETING]:
     return Heard.OTHER_CLUSTER, ''
   return Heard.SOMETHING_ELSE, ''
-
-
-# getaddrinfo's answers for a name that does not exist (not a resolver
-# that failed for now, EAI_AGAIN).
-_NO_SUCH_NAME = tuple(getattr(socket, name) for name in (
-    'EAI_NONAME', 'EAI_NODATA') if hasattr(socket, name))
 
 
 def _receive_line(connection: socket.socket, limit: int = 200) -> bytes:

@@ -30,7 +30,8 @@ wait ends, whatever it answered before: one that goes silent for a while
 waiting is told from a slow one by what its port answers: TensorFlow's
 server sends bytes that are not a greeting at once, a stopped process
 none. A peer's host name that does not
-resolve for `_UNRESOLVED_SECONDS` is a wrong cluster, not a late peer.
+resolve for `_UNRESOLVED_SECONDS`, whatever the resolver's reason (no such
+name, or a resolver that fails), is a wrong cluster, not a late peer.
 
 Pure Python: nothing here imports TensorFlow.
 """
@@ -98,7 +99,7 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
   refusals = dict.fromkeys(peers, 0)  # In a row, since it answered.
   # Of the peers that answered: the ones whose latest probe found silence.
   silent = set()
-  unresolved_since = {}
+  unresolved_since = {}  # {peer: (since when, the resolver's reason)}
   with greetings.Listener(cluster) as listener:
     try:
       while True:
@@ -167,7 +168,8 @@ def _probe_again(cluster: Cluster, peer: str, heard: dict, refusals: dict,
   else:
     heard[peer], refusals[peer] = (found, detail), 0
   if found is greetings.Heard.UNRESOLVED:
-    unresolved_since.setdefault(peer, time.monotonic())
+    since, _ = unresolved_since.get(peer, (time.monotonic(), ''))
+    unresolved_since[peer] = since, detail
   else:
     unresolved_since.pop(peer, None)
 
@@ -206,9 +208,9 @@ def _check_peers(cluster: Cluster, left: dict[str, str], refusals: dict,
           f'This task ({cluster.task_name}) gives up without training; '
           'restart all workers of the job together.')
   now = time.monotonic()
-  for peer, since in unresolved_since.items():
+  for peer, (since, reason) in unresolved_since.items():
     if now - since >= unresolved_seconds:
-      raise _unresolved(cluster, peer, unresolved_seconds)
+      raise _unresolved(cluster, peer, unresolved_seconds, f' ({reason})')
 
 
 def _besides(missing: str) -> str:
@@ -231,7 +233,8 @@ def _unresolved(cluster: Cluster, peer: str, unresolved_seconds: float,
   return _Unresolved(
       f'The host name of {peer}, {host!r}, has not resolved for '
       f'{unresolved_seconds:g} s{how}: the cluster ({cluster.source}) names '
-      'a host that does not exist. Correct it; nothing was trained.', peer)
+      'a host that does not exist, or this host cannot reach its name '
+      'server. Correct it; nothing was trained.', peer)
 
 
 def _missing(cluster: Cluster, heard: dict, heard_from: set[str],
