@@ -29,9 +29,9 @@ wait ends, whatever it answered before: one that goes silent for a while
 (stopped, overloaded) and is killed later is noticed too. A peer done
 waiting is told from a slow one by what its port answers: TensorFlow's
 server sends bytes that are not a greeting at once, a stopped process
-none. A peer's host name that does not
-resolve for `_UNRESOLVED_SECONDS`, whatever the resolver's reason (no such
-name, or a resolver that fails), is a wrong cluster, not a late peer.
+none. A peer's host name that does not resolve for `_UNRESOLVED_SECONDS`,
+whatever the resolver's reason (no such name, or a resolver that fails),
+is a wrong cluster, not a late peer.
 
 Pure Python: nothing here imports TensorFlow.
 """
@@ -153,17 +153,18 @@ def _probe_again(cluster: Cluster, peer: str, heard: dict, refusals: dict,
                  silent: set[str], unresolved_since: dict) -> None:
   """Probes a peer and records what answered.
 
-  A peer that answered before keeps its place: refused connections count
-  towards its being gone (refusals), silence is noted (silent), and
-  something else at its port is TensorFlow's server (the peer is done);
-  none of them resets the count but an answer."""
+  A peer that answered before keeps its place: refused connections in a
+  row count towards its being gone (refusals); anything that accepts the
+  connection breaks the row: silence (noted in silent: the peer is alive
+  but stopped or slow) or something else (TensorFlow's server: the peer is
+  done)."""
   found, detail = greetings.probe(cluster, peer)
   silent.discard(peer)
   if (heard[peer][0] is greetings.Heard.PEER and
       found is not greetings.Heard.PEER):
-    if found is greetings.Heard.NOTHING:
-      refusals[peer] += 1
-    elif found is greetings.Heard.SILENT:
+    refusals[peer] = (refusals[peer] + 1 if found is greetings.Heard.NOTHING
+                      else 0)
+    if found is greetings.Heard.SILENT:
       silent.add(peer)
   else:
     heard[peer], refusals[peer] = (found, detail), 0
