@@ -34,6 +34,12 @@ class Heard(enum.Enum):
   UNRESOLVED = 'its host name does not resolve'
   SOMETHING_ELSE = ('something accepts connections there, but it is not a '
                     'ctl task (another program holds the port?)')
+  # No bytes at all within _ANSWER_SECONDS, or the connection dropped: a
+  # process stopped (SIGSTOP), too busy to answer, or killed meanwhile.
+  # Not another program (TensorFlow's server sends its HTTP/2 settings at
+  # once): a peer that answered before is still its own self.
+  SILENT = ('something accepts connections there but does not answer (a '
+            'stopped or overloaded process?)')
   OTHER_CLUSTER = ('a ctl task of another cluster answers there (started '
                    'with a different TF_CONFIG?)')
   PEER = 'arrived'
@@ -69,19 +75,22 @@ def probe(cluster: Cluster, peer: str) -> tuple[Heard, str]:
     connection = socket.create_connection((host.strip('[]'), int(port)),
                                           timeout=_CONNECT_SECONDS)
   except socket.gaierror as error:
-    found = (Heard.UNRESOLVED if error.errno in _NO_SUCH_NAME
-             else Heard.NOTHING)
-    return found, error.strerror or str(error)
+    # Whatever the resolver's reason: "no such name" and "temporary
+    # failure" (EAI_AGAIN: no DNS server reachable, as in a network
+    # namespace) alike; rendezvous.py allows a minute for either to pass.
+    return Heard.UNRESOLVED, error.strerror or str(error)
   except OSError as error:
     return Heard.NOTHING, error.strerror or str(error) or type(error).__name__
   with connection:
+    connection.settimeout(_ANSWER_SECONDS)
     try:
-      connection.settimeout(_ANSWER_SECONDS)
       connection.sendall(_greeting(cluster))
-      answer = _read_line(connection)
     except OSError:
-      answer = ''
-  fields = answer.split()
+      return Heard.SILENT, ''
+    answer = _receive_line(connection)
+  if not answer:
+    return Heard.SILENT, ''
+  fields = _first_line(answer).split()
   if fields == [_GREETING, cluster.fingerprint, peer]:
     return Heard.PEER, ''
   if fields[:1] == [_GREETING]:
@@ -89,20 +98,23 @@ def probe(cluster: Cluster, peer: str) -> tuple[Heard, str]:
   return Heard.SOMETHING_ELSE, ''
 
 
-# getaddrinfo's answers for a name that does not exist (not a resolver
-# that failed for now, EAI_AGAIN).
-_NO_SUCH_NAME = tuple(getattr(socket, name) for name in (
-    'EAI_NONAME', 'EAI_NODATA') if hasattr(socket, name))
-
-
-def _read_line(connection: socket.socket, limit: int = 200) -> str:
-  """One short line from connection ('' if it is something else)."""
+def _receive_line(connection: socket.socket, limit: int = 200) -> bytes:
+  """What connection sends up to its first newline, `limit` bytes or its
+  end, whichever comes first; what came before a timeout or a reset."""
   data = b''
-  while b'\n' not in data and len(data) < limit:
-    chunk = connection.recv(limit)
-    if not chunk:
-      break
-    data += chunk
+  try:
+    while b'\n' not in data and len(data) < limit:
+      chunk = connection.recv(limit)
+      if not chunk:
+        break
+      data += chunk
+  except OSError:
+    pass
+  return data
+
+
+def _first_line(data: bytes) -> str:
+  """The first whole line of data ('' without one)."""
   line, newline, _ = data.partition(b'\n')
   return line.decode('ascii', errors='replace') if newline else ''
 
@@ -177,7 +189,7 @@ class Listener:
     """Answers one greeting; remembers the peer only once it is answered."""
     try:
       connection.settimeout(_ANSWER_SECONDS)
-      fields = _read_line(connection).split()
+      fields = _first_line(_receive_line(connection)).split()
       if fields[:1] == [_LEAVING]:
         if (len(fields) in (3, 4) and
             fields[1] == self._cluster.fingerprint and

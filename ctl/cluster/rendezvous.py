@@ -24,8 +24,14 @@ take for an arrived peer.
 A peer that stops during the wait must not leave the others waiting out
 the timeout: one that leaves (SIGTERM, an error) tells every peer
 listening, and one killed outright is noticed when its address, which
-answered, stops accepting connections. A peer's host name that does not
-resolve for `_UNRESOLVED_SECONDS` is a wrong cluster, not a late peer.
+answered, stops accepting connections. Every peer is probed until the
+wait ends, whatever it answered before: one that goes silent for a while
+(stopped, overloaded) and is killed later is noticed too. A peer done
+waiting is told from a slow one by what its port answers: TensorFlow's
+server sends bytes that are not a greeting at once, a stopped process
+none. A peer's host name that does not resolve for `_UNRESOLVED_SECONDS`,
+whatever the resolver's reason (no such name, or a resolver that fails),
+is a wrong cluster, not a late peer.
 
 Pure Python: nothing here imports TensorFlow.
 """
@@ -91,8 +97,9 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
   next_report = started + _REPORT_SECONDS
   heard = dict.fromkeys(peers, (greetings.Heard.NOTHING, 'not probed yet'))
   refusals = dict.fromkeys(peers, 0)  # In a row, since it answered.
-  in_tensorflow = set()  # Done: TensorFlow's server holds their port.
-  unresolved_since = {}
+  # Of the peers that answered: the ones whose latest probe found silence.
+  silent = set()
+  unresolved_since = {}  # {peer: (since when, the resolver's reason)}
   with greetings.Listener(cluster) as listener:
     try:
       while True:
@@ -100,17 +107,18 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
           if should_stop():
             greetings.tell_leaving(cluster, heard)
             return False
-          if peer not in in_tensorflow:
-            _probe_again(cluster, peer, heard, refusals, unresolved_since,
-                         in_tensorflow, listener.heard_from())
+          _probe_again(cluster, peer, heard, refusals, silent,
+                       unresolved_since)
         heard_from = listener.heard_from()
         _check_peers(cluster, listener.left(), refusals, heard_from,
-                     unresolved_since, unresolved_seconds)
+                     unresolved_since, unresolved_seconds,
+                     lambda gone: _missing(cluster, heard, heard_from, silent,
+                                           besides=gone))
         if (all(found is greetings.Heard.PEER
                 for found, _ in heard.values()) and
             heard_from >= set(peers)):
           return True
-        missing = _missing(cluster, heard, heard_from)
+        missing = _missing(cluster, heard, heard_from, silent)
         now = time.monotonic()
         if now >= deadline:
           raise _did_not_form(cluster, timeout_seconds, missing)
@@ -142,31 +150,38 @@ def _did_not_form(cluster: Cluster, timeout_seconds: float,
 
 
 def _probe_again(cluster: Cluster, peer: str, heard: dict, refusals: dict,
-                 unresolved_since: dict, in_tensorflow: set,
-                 heard_from: set[str]) -> None:
-  """Probes a peer and records what answered: a peer that answered before
-  is still probed, so that one killed since is noticed (refusals), and one
-  done (it heard this task, and something else holds its port now) is
-  left alone."""
+                 silent: set[str], unresolved_since: dict) -> None:
+  """Probes a peer and records what answered.
+
+  A peer that answered before keeps its place: refused connections in a
+  row count towards its being gone (refusals); anything that accepts the
+  connection breaks the row: silence (noted in silent: the peer is alive
+  but stopped or slow) or something else (TensorFlow's server: the peer is
+  done)."""
   found, detail = greetings.probe(cluster, peer)
+  silent.discard(peer)
   if (heard[peer][0] is greetings.Heard.PEER and
       found is not greetings.Heard.PEER):
-    if found is greetings.Heard.SOMETHING_ELSE and peer in heard_from:
-      in_tensorflow.add(peer)
-    elif found is greetings.Heard.NOTHING:
-      refusals[peer] += 1
+    refusals[peer] = (refusals[peer] + 1 if found is greetings.Heard.NOTHING
+                      else 0)
+    if found is greetings.Heard.SILENT:
+      silent.add(peer)
   else:
     heard[peer], refusals[peer] = (found, detail), 0
   if found is greetings.Heard.UNRESOLVED:
-    unresolved_since.setdefault(peer, time.monotonic())
+    since, _ = unresolved_since.get(peer, (time.monotonic(), ''))
+    unresolved_since[peer] = since, detail
   else:
     unresolved_since.pop(peer, None)
 
 
 def _check_peers(cluster: Cluster, left: dict[str, str], refusals: dict,
                  heard_from: set[str], unresolved_since: dict,
-                 unresolved_seconds: float) -> None:
+                 unresolved_seconds: float,
+                 missing: Callable[[str], str]) -> None:
   """Raises when a peer left or is gone, or its name does not resolve.
+
+  missing(peer) says which other peers are missing, and why.
 
   Raises:
     PeerFailure: a peer said it is leaving, or it had answered and its
@@ -181,8 +196,8 @@ def _check_peers(cluster: Cluster, left: dict[str, str], refusals: dict,
                         f' ({peer} found so and stopped)')
     raise errors.PeerFailure(
         f'{peer} at {cluster.address_of(peer)} stopped while the cluster '
-        f'formed. This task ({cluster.task_name}) gives up without training; '
-        'restart all workers of the job together.')
+        f'formed{_besides(missing(peer))}. This task ({cluster.task_name}) '
+        'gives up without training; restart all workers of the job together.')
   for peer, count in refusals.items():
     # One that heard this task may be done, between closing its listener
     # and TensorFlow's server taking the port: allowed a longer while.
@@ -190,13 +205,18 @@ def _check_peers(cluster: Cluster, left: dict[str, str], refusals: dict,
                  _DONE_GONE_AFTER_REFUSALS):
       raise errors.PeerFailure(
           f'{peer} at {cluster.address_of(peer)} had started and is gone '
-          '(killed?) while the cluster formed. This task '
-          f'({cluster.task_name}) gives up without training; restart all '
-          'workers of the job together.')
+          f'(killed?) while the cluster formed{_besides(missing(peer))}. '
+          f'This task ({cluster.task_name}) gives up without training; '
+          'restart all workers of the job together.')
   now = time.monotonic()
-  for peer, since in unresolved_since.items():
+  for peer, (since, reason) in unresolved_since.items():
     if now - since >= unresolved_seconds:
-      raise _unresolved(cluster, peer, unresolved_seconds)
+      raise _unresolved(cluster, peer, unresolved_seconds, f' ({reason})')
+
+
+def _besides(missing: str) -> str:
+  """The other peers missing, for a message about one (or nothing)."""
+  return f'; {missing}' if missing else ''
 
 
 class _Unresolved(errors.ConfigError):
@@ -214,22 +234,32 @@ def _unresolved(cluster: Cluster, peer: str, unresolved_seconds: float,
   return _Unresolved(
       f'The host name of {peer}, {host!r}, has not resolved for '
       f'{unresolved_seconds:g} s{how}: the cluster ({cluster.source}) names '
-      'a host that does not exist. Correct it; nothing was trained.', peer)
+      'a host that does not exist, or this host cannot reach its name '
+      'server. Correct it; nothing was trained.', peer)
 
 
-def _missing(cluster: Cluster, heard: dict, heard_from: set[str]) -> str:
-  """Says which peers are missing and what was found at their addresses."""
+def _missing(cluster: Cluster, heard: dict, heard_from: set[str],
+             silent: set[str], besides: str = '') -> str:
+  """Says which peers (but `besides`) are missing, and what was found at
+  their addresses."""
   missing = []
   for peer, (found, detail) in heard.items():
     where = f'{peer} at {cluster.address_of(peer)}'
+    if peer == besides:
+      continue
     if found is greetings.Heard.NOTHING:
       missing.append(f'{where} did not arrive ({found.value}: {detail})')
     elif found is not greetings.Heard.PEER:
       missing.append(f'{where} did not arrive ({found.value})')
+    elif peer in silent:
+      missing.append(f'{where} started, then stopped answering '
+                     f'({greetings.Heard.SILENT.value})')
     elif peer not in heard_from:
       missing.append(f'{where} started but has not reached this task at '
                      f'{cluster.address} (is that address right, and '
                      'reachable from there?)')
+  if besides:
+    return '; '.join(missing)
   # The wait returns before asking when nothing is missing; should a peer
   # arrive between the two, every peer is named rather than none.
   return '; '.join(missing) or 'one of ' + ', '.join(

@@ -9,7 +9,7 @@ share of each. Hence:
 - the global batches do not depend on how many workers or replicas share
   them, so one worker and two train on the same examples.
 
-Epoch e uses fresh permutations of the examples seeded by (seed, e), cut
+Epoch e uses fresh permutations of the examples seeded by (seed, e, pass), cut
 into global batches. The pipeline yields one element per loop of steps
 (the indices of all its steps), and each step gathers its batch from the
 arrays held as tensors: each element tf.data hands over costs tens of
@@ -122,6 +122,13 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
                  context: tf.distribute.InputContext) -> tf.data.Dataset:
   """Yields, per loop, the example indices of each of its steps.
 
+  Epoch e's examples are passes over the data, each a permutation seeded by
+  (seed, the pass's number in the run), cut into global batches; the
+  epoch's last pass is cut short at its last step. A loop computes only the
+  passes its steps take examples from (the last of them kept for the next
+  loop), so neither memory nor the time to the first step grows with the
+  length of an epoch or of the run.
+
   Args:
     num_examples: how many examples there are.
     seed: decides the order of examples.
@@ -129,7 +136,7 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
     steps_per_epoch: steps per epoch.
     loops: a ctl.training.loop_plan.LoopPlan: the (first step, end step) of
       each loop, none across an epoch's end, computed in the pipeline one
-      epoch at a time (`epoch_bounds`), so a run may have any number.
+      at a time (`as_dataset`), so a run may have any number.
     context: this input pipeline's place among the replicas.
 
   Returns:
@@ -142,22 +149,34 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
   share_size = local_replicas * per_replica
   passes_per_epoch = -(-steps_per_epoch * global_batch_size // num_examples)
 
-  def epoch_chunks(epoch, bounds):
-    orders = [
-        tf.random.experimental.stateless_shuffle(
-            tf.range(num_examples),
-            seed=tf.stack([tf.constant(seed, tf.int64),
-                           epoch * passes_per_epoch + one_pass]))
-        for one_pass in range(passes_per_epoch)
-    ]
-    order = tf.concat(orders, axis=0)[:steps_per_epoch * global_batch_size]
-    shares = tf.reshape(order, [steps_per_epoch, global_batch_size])[
-        :, share_start:share_start + share_size]
-    return tf.data.Dataset.from_tensor_slices(bounds).map(
-        plain(lambda bound: shares[bound[0]:bound[1]]))
+  def one_pass(number):
+    return tf.random.experimental.stateless_shuffle(
+        tf.range(num_examples),
+        seed=tf.stack([tf.constant(seed, tf.int64), number]))
 
-  chunks = tf.data.Dataset.range(*loops.epochs).flat_map(plain(
-      lambda epoch: epoch_chunks(epoch, loops.epoch_bounds(epoch))))
+  def loop_rows(kept, bounds):
+    """The loop's share of rows; kept: the last pass computed (number,
+    order), to reuse."""
+    kept_number, kept_order = kept
+    epoch = bounds[0] // steps_per_epoch
+    first, end = tf.unstack(
+        (bounds - epoch * steps_per_epoch) * global_batch_size)
+    first_pass = first // num_examples
+    numbers = epoch * passes_per_epoch + tf.range(
+        first_pass, (end - 1) // num_examples + 1)
+    orders = tf.map_fn(
+        lambda number: tf.cond(tf.equal(number, kept_number),
+                               lambda: kept_order, lambda: one_pass(number)),
+        numbers, fn_output_signature=tf.TensorSpec([num_examples], tf.int32))
+    offset = first_pass * num_examples
+    rows = tf.reshape(tf.reshape(orders, [-1])[first - offset:end - offset],
+                      [-1, global_batch_size])
+    return ((numbers[-1], orders[-1]),
+            rows[:, share_start:share_start + share_size])
+
+  chunks = loops.as_dataset().scan(
+      (tf.constant(-1, tf.int64), tf.zeros([num_examples], tf.int32)),
+      plain(loop_rows))
   if local_replicas > 1:
     # A pipeline feeds its local replicas consecutive elements: replica r
     # gets columns [r * b, (r + 1) * b) of the share.

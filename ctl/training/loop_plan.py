@@ -25,10 +25,11 @@ class LoopPlan:
   cuts them: an action that reads each loop's logs (a rollback's recent
   mean) then decides alike whether or not the run was stopped in between.
 
-  The loops are computed as they are needed: in Python by iterating the
-  plan (the training loop), in a tf.data pipeline one epoch at a time by
-  `epoch_bounds` (in-memory data). Nothing is held for the whole run, so a
-  run of a billion epochs starts as fast and in as little memory as one.
+  The loops are computed one at a time, as they are needed: in Python by
+  iterating the plan (the training loop), in a tf.data pipeline by
+  `as_dataset` (in-memory data). Nothing is computed for a whole epoch or
+  run, so a run of a billion epochs, or of epochs of a trillion steps,
+  starts as fast and in as little memory as a short one.
   """
 
   start: int
@@ -41,46 +42,46 @@ class LoopPlan:
   def __iter__(self) -> Iterator[tuple[int, int]]:
     step = self.start
     while step < self.total_steps:
-      end = 1 if step == 0 else self._next_end(step)
+      end = 1 if step == 0 else self._next_end(step, min,
+                                               self._one_off_after)
       yield step, end
       step = end
 
-  def _next_end(self, step: int) -> int:
-    """Where the loop from `step` (not a run's first from step 0) ends."""
-    after = bisect.bisect_right(self.at, step)
-    return min(self.total_steps, *self.at[after:after + 1],
-               *((step // every + 1) * every for every in (
-                   self.steps_per_loop, self.steps_per_epoch, *self.every)))
+  def _next_end(self, step, minimum, one_off_after):
+    """Where a loop that starts at `step` (not a run's first from step 0)
+    ends; `minimum` and `one_off_after`: in Python, or their tensor forms
+    in a graph."""
+    return minimum(self.total_steps, one_off_after(step),
+                   *((step // every + 1) * every for every in (
+                       self.steps_per_loop, self.steps_per_epoch,
+                       *self.every)))
 
-  def _next_one_off(self, step: tf.Tensor) -> tf.Tensor:
-    """The first step of `at` after `step` (int64 scalars), or the end."""
+  def _one_off_after(self, step: int) -> int:
+    """The first step of `at` after `step`, or the end."""
+    after = bisect.bisect_right(self.at, step)
+    return (*self.at[after:after + 1], self.total_steps)[0]
+
+  def _one_off_after_in_graph(self, step: tf.Tensor) -> tf.Tensor:
+    """_one_off_after of an int64 scalar tensor."""
     at = tf.constant((*self.at, self.total_steps), tf.int64)
     return tf.reduce_min(tf.where(at > step, at, at[-1]))
 
-  def epoch_bounds(self, epoch: tf.Tensor) -> tf.Tensor:
-    """The loops of epoch `epoch` (an int64 scalar), as [n, 2] int64 step
-    offsets within it: what iterating gives, computed in a graph (a
-    tf.data function)."""
-    first = epoch * self.steps_per_epoch
-    low = tf.maximum(first, self.start)
-    high = tf.minimum(first + self.steps_per_epoch, self.total_steps)
+  def as_dataset(self) -> tf.data.Dataset:
+    """The loops as a tf.data.Dataset of int64 [first step, end step]
+    pairs: what iterating gives, each computed from the one before."""
 
-    def body(step, bounds):
-      end = tf.reduce_min(tf.stack([
-          tf.constant(self.total_steps, tf.int64), self._next_one_off(step),
-          *((step // every + 1) * every for every in (
-              self.steps_per_loop, self.steps_per_epoch, *self.every))]))
-      end = tf.where(tf.equal(step, 0), tf.ones_like(end), end)
-      return end, bounds.write(bounds.size(), tf.stack([step, end]) - first)
+    def next_loop(step, unused_element):
+      end = tf.where(tf.equal(step, 0), tf.ones_like(step),
+                     self._next_end(step, _tensor_min,
+                                    self._one_off_after_in_graph))
+      return end, tf.stack([step, end])
 
-    _, bounds = tf.while_loop(
-        lambda step, _: step < high, body,
-        [low, tf.TensorArray(tf.int64, size=0, dynamic_size=True,
-                             element_shape=[2])])
-    return bounds.stack()
+    return tf.data.Dataset.from_tensors(0).repeat().scan(
+        tf.constant(self.start, tf.int64), next_loop).take_while(
+            lambda bounds: bounds[0] < self.total_steps)
 
-  @property
-  def epochs(self) -> tuple[int, int]:
-    """The first epoch with a loop and the one after the last."""
-    return (self.start // self.steps_per_epoch,
-            -(-self.total_steps // self.steps_per_epoch))
+
+def _tensor_min(*values) -> tf.Tensor:
+  """The least of int64 scalars (tensors or Python ints)."""
+  return tf.reduce_min(tf.stack([tf.cast(value, tf.int64)
+                                 for value in values]))

@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 
@@ -183,3 +184,44 @@ def test_workers_on_their_own_hosts_resume_a_killed_one_bit_identical(
   assert helpers.assert_same_model(workdir / 'checkpoints' / final,
                                    tmp_path / 'reference' / 'checkpoints' /
                                    final, atol=0) == 6
+
+
+# A resolver that cannot reach its name server answers "temporary failure"
+# (EAI_AGAIN), as in a namespace without a route out; the name is never
+# resolvable in the test's own namespace either.
+_UNREACHABLE_NAME = 'gpu01.ctl-test.invalid'
+_WAIT_FOR_AN_UNRESOLVABLE_PEER = '''
+import socket, sys
+from ctl import errors
+from ctl.cluster import rendezvous, tf_config
+try:
+  socket.getaddrinfo(sys.argv[2].rpartition(':')[0], 1)
+except socket.gaierror as error:
+  print('resolver:', error.errno == socket.EAI_AGAIN, flush=True)
+cluster = tf_config.Cluster({'worker': tuple(sys.argv[1:])}, 'worker', 0,
+                            source='TF_CONFIG')
+try:
+  rendezvous.wait_for_peers(cluster, 30, lambda: False, unresolved_seconds=1)
+except errors.CtlError as error:
+  print(str(error), flush=True)
+  sys.exit(error.exit_code)
+'''
+
+
+def test_a_name_the_resolver_fails_for_is_exit_2_like_one_that_is_unknown(
+    hosts):
+  # Once only "no such name" counted: a job there waited out its start-up
+  # timeout and exited 43, which slurm.sbatch requeues, for ever.
+  waiting = subprocess.run(
+      ['ip', 'netns', 'exec', hosts.namespaces[0], sys.executable, '-c',
+       _WAIT_FOR_AN_UNRESOLVABLE_PEER, f'{hosts.addresses[0]}:{PORT}',
+       f'{_UNREACHABLE_NAME}:{PORT}'],
+      cwd=helpers.REPO, env=helpers.env_with(), capture_output=True,
+      text=True, timeout=120)
+  assert waiting.stdout.startswith('resolver: True\n'), (
+      'the resolver did not answer EAI_AGAIN:', waiting.stdout,
+      waiting.stderr[-3000:])
+  assert waiting.returncode == errors.EXIT_USAGE, waiting.stdout
+  assert (f"The host name of worker:1, '{_UNREACHABLE_NAME}', has not "
+          'resolved for 1 s (Temporary failure in name resolution)'
+          in waiting.stdout)

@@ -376,7 +376,7 @@ def test_a_worker_that_starts_late_joins_the_one_waiting(tmp_path):
 def test_a_peer_that_leaves_while_the_cluster_forms_stops_the_others():
   # Three workers, the third never starts: worker 1 gives up (SIGTERM,
   # say) once it has been waiting a while, and says so to worker 0.
-  worker0, worker1, _ = _localhost_cluster(3)
+  worker0, worker1, worker2 = _localhost_cluster(3)
   rounds = []
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     leaving = pool.submit(rendezvous.wait_for_peers, worker1, 0,
@@ -384,8 +384,12 @@ def test_a_peer_that_leaves_while_the_cluster_forms_stops_the_others():
     with pytest.raises(errors.PeerFailure) as raised:
       rendezvous.wait_for_peers(worker0, 0, lambda: False)
     assert leaving.result(timeout=60) is False
-  assert str(raised.value).startswith(
-      f'worker:1 at {worker1.address} stopped while the cluster formed.')
+  message = str(raised.value)
+  assert message.startswith(
+      f'worker:1 at {worker1.address} stopped while the cluster formed; '), \
+      message
+  # The others missing are named too.
+  assert f'worker:2 at {worker2.address} did not arrive' in message
 
 
 _WAIT_IN_A_PROCESS = '''
@@ -421,6 +425,51 @@ def test_a_peer_killed_while_the_cluster_forms_stops_the_others():
       peer.wait()
   assert str(raised.value).startswith(
       f'worker:1 at {worker1.address} had started and is gone')
+
+
+def test_a_peer_stopped_for_a_while_then_killed_stops_the_others():
+  # Worker 1 answers, is stopped (SIGSTOP) long enough for a probe of
+  # worker 0 to go unanswered, goes on, and is killed: once, a probe
+  # answered late marked it as done, never probed again, and worker 0
+  # waited out its timeout naming only worker 2, which never starts.
+  worker0, worker1, worker2 = _localhost_cluster(3)
+  rounds = []
+
+  def count_rounds():
+    rounds.append(1)
+    return False
+
+  def wait_for_rounds(count):
+    """Until worker 0 has probed each peer `count` more times."""
+    target = len(rounds) + 2 * count + 1
+    deadline = time.monotonic() + 60
+    while len(rounds) < target:
+      assert time.monotonic() < deadline, 'worker 0 stopped probing'
+      time.sleep(0.05)
+
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    waiting = pool.submit(rendezvous.wait_for_peers, worker0, 60,
+                          count_rounds)
+    peer = subprocess.Popen(
+        [sys.executable, '-c', _WAIT_IN_A_PROCESS, *worker0.jobs['worker']],
+        cwd=helpers.REPO, env=helpers.env_with(), stdout=subprocess.PIPE,
+        text=True)
+    try:
+      assert peer.stdout.readline() == 'waited\n'
+      peer.send_signal(signal.SIGSTOP)
+      wait_for_rounds(2)  # At least one probe of it went unanswered.
+      peer.send_signal(signal.SIGCONT)
+      wait_for_rounds(2)
+      peer.kill()
+      with pytest.raises(errors.PeerFailure) as raised:
+        waiting.result(timeout=120)
+    finally:
+      peer.kill()
+      peer.wait()
+  message = str(raised.value)
+  assert message.startswith(
+      f'worker:1 at {worker1.address} had started and is gone'), message
+  assert f'worker:2 at {worker2.address} did not arrive' in message
 
 
 def test_a_peer_name_that_does_not_resolve_is_a_config_error_naming_it():
