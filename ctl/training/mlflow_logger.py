@@ -16,6 +16,7 @@ server down) is kept and sent with the next ones; training goes on.
 from collections.abc import Mapping
 import os
 import time
+import urllib.parse
 
 from absl import logging
 import ml_collections
@@ -46,7 +47,15 @@ def client(tracking_uri: str):
     raise errors.ConfigError(
         'config.mlflow.tracking_uri is set but MLflow is not installed: pip '
         'install "ctl[mlflow]" (or mlflow), or leave the URI empty.') from error
-  return tracking.MlflowClient(tracking_uri=tracking_uri)
+  try:
+    # As MLflow parses it, here, before any of its requests: a malformed
+    # URI is a config mistake, not a server that does not answer.
+    urllib.parse.urlsplit(tracking_uri)
+    return tracking.MlflowClient(tracking_uri=tracking_uri)
+  except ValueError as error:
+    raise errors.ConfigError(
+        f'config.mlflow.tracking_uri={tracking_uri!r} is not a URI ({error}): '
+        "set one as 'http://localhost:5000', or '' for no MLflow.") from error
 
 
 def reachable_client(tracking_uri: str):
