@@ -248,6 +248,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   Fields a task's config does not have (a task of your own needs no
   `model` section) are not checked.
   """
+  check_type(config)
+  for key, value in leaves(config.to_dict()).items():
+    check_utf8(f'config.{key}', value)
   if not config.task:
     raise errors.ConfigError(
         "Set config.task: 'classification', or your own ctl.Task subclass as "
@@ -288,6 +291,41 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise errors.ConfigError(
         'Set num_epochs or total_steps: both are 0, so there is nothing to '
         'train.')
+
+
+def check_type(config: Any) -> None:
+  """Raises ConfigError unless a config file's get_config() gave a ConfigDict."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise errors.ConfigError(
+        f'get_config() returned a {type(config).__name__}; it must return an '
+        'ml_collections.ConfigDict: start from ctl.base_config() (or '
+        'ctl.classification_config()) and set its fields.')
+
+
+def check_utf8(name: str, value: Any) -> None:
+  """Raises ConfigError if a text value (or one in a tuple) is not UTF-8.
+
+  A byte the shell passed that is not UTF-8 arrives as a lone surrogate
+  ('\\udcff'), which TensorFlow's file and string functions cannot encode.
+  """
+  for text in value if isinstance(value, (tuple, list)) else [value]:
+    if not isinstance(text, str):
+      continue
+    try:
+      text.encode('utf-8')
+    except UnicodeEncodeError:
+      raise errors.ConfigError(
+          f'{name}={_shown_bytes(text)} is not UTF-8 text: TensorFlow takes '
+          'paths and text in UTF-8 only. Rename the file or folder, or pass '
+          'the value in UTF-8.') from None
+
+
+def _shown_bytes(text: str) -> str:
+  """The bytes the shell passed, as b'...'; the text's repr if it cannot say."""
+  try:
+    return repr(text.encode('utf-8', 'surrogateescape'))
+  except UnicodeEncodeError:  # A surrogate that no byte decoded to.
+    return repr(text)
 
 
 def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,

@@ -111,6 +111,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     with tf_process.quiet_start_up():
       remaining = flags.FLAGS(argv)
       _CONFIG.value.keys()  # A config file that failed to load raises here.
+      config_lib.check_type(_CONFIG.value)
   except Exception as error:  # pylint: disable=broad-except
     _exit_usage(config_lib.explain_flag_error(error, argv))
   return remaining

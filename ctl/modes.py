@@ -16,6 +16,7 @@
 from absl import logging
 import ml_collections
 
+from ctl import config as config_lib
 from ctl import errors
 
 from ctl.cluster import distribution
@@ -27,6 +28,8 @@ from ctl.training import run as run_lib
 def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
         checkpoint: str = '') -> dict:
   """Runs `mode`; returns its results (see each mode's function)."""
+  config_lib.check_utf8('--workdir', workdir)
+  config_lib.check_utf8('--checkpoint', checkpoint)
   if mode == 'evaluate':
     return checkpoint_evaluation.evaluate_checkpoint(config, workdir, checkpoint)
   if mode == 'evaluate_continuously':

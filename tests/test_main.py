@@ -100,6 +100,69 @@ def test_bad_flags_exit_2(args, message):
   assert len(run.stderr.strip().splitlines()) == 1, run.stderr
 
 
+def _garbage_checkpoint_state(directory):
+  """A workdir whose checkpoints/checkpoint is binary garbage."""
+  (directory / 'source' / 'checkpoints').mkdir(parents=True)
+  (directory / 'source' / 'checkpoints' / 'checkpoint').write_bytes(
+      b'\x00\xa5\xff garbage \xfe')
+  return [f'--config={helpers.DIGITS}:smoke',
+          f'--config.init_from={directory / "source"}']
+
+
+def _config_returning_a_dict(directory):
+  (directory / 'as_dict.py').write_text(
+      'def get_config():\n  return {"task": "classification"}\n')
+  return [f'--config={directory / "as_dict.py"}']
+
+
+_NOT_UTF8 = b'\xff'  # A byte no UTF-8 text holds, as a shell passes it.
+
+
+@pytest.mark.parametrize('make_args, workdir, exit_code, says', [
+    (_garbage_checkpoint_state, 'run', 1,
+     'Cannot warm-start from config.init_from='),
+    (_config_returning_a_dict, 'run', 2,
+     'get_config() returned a dict'),
+    (lambda directory: [
+        f'--config={helpers.REPO / "configs" / "digits_tfrecord.py"}:smoke',
+        f'--config.data.tfrecord.dir={directory / "shards"}',
+        b'--config.data.tfrecord.train_pattern=train-*' + _NOT_UTF8],
+     'run', 2, "train_pattern=b'train-*\\xff' is not UTF-8"),
+    (lambda directory: [f'--config={helpers.DIGITS}:smoke'],
+     b'run' + _NOT_UTF8, 2, "--workdir=b'"),
+    (lambda directory: [f'--config={helpers.DIGITS}:smoke',
+                        '--config.mlflow.tracking_uri=http://[::1'],
+     'run', 2, "config.mlflow.tracking_uri='http://[::1' is not a URI"),
+    (lambda directory: ['--config=tests/configs/noisy_regression.py:'
+                        'FailsToBuild'],
+     'run', 1, 'user_modules.FailsToBuild.build() raised ValueError'),
+    (lambda directory: ['--config=tests/configs/noisy_regression.py:'
+                        'FailsToReadData'],
+     'run', 1, "user_modules.FailsToReadData.train_data() raised KeyError"),
+], ids=['init_from_garbage', 'config_dict', 'pattern_not_utf8',
+        'workdir_not_utf8', 'mlflow_uri', 'build_raises',
+        'train_data_raises'])
+def test_hostile_input_is_one_error_line_and_writes_nothing(
+    tmp_path, make_args, workdir, exit_code, says):
+  args = make_args(tmp_path)
+  before = sorted(tmp_path.rglob('*'))
+  workdir = os.fsencode(tmp_path) + b'/' + (
+      workdir if isinstance(workdir, bytes) else workdir.encode())
+  run = subprocess.run(helpers.ctl_command(*args, b'--workdir=' + workdir),
+                       cwd=helpers.REPO, env=helpers.env_with(),
+                       capture_output=True, text=True, timeout=600)
+  errors = [line for line in run.stderr.splitlines()
+            if line.startswith('ctl: error: ')]
+  assert len(errors) == 1 and says in errors[0], run.stderr[-3000:]
+  assert run.returncode == exit_code, run.stderr[-3000:]
+  if 'raised' in says:  # The task's own bug: its traceback, then the line.
+    assert run.stderr.index('Traceback') < run.stderr.index('ctl: error: ')
+    assert run.stderr.rstrip().endswith(errors[0])
+  else:
+    assert 'Traceback' not in run.stderr, run.stderr[-3000:]
+  assert sorted(tmp_path.rglob('*')) == before
+
+
 def test_help_lists_every_flag_ctl_defines():
   run = helpers.run_ctl('--help')  # absl's --help exits with code 1.
   for flag in ('--config', '--workdir', '--print_config'):

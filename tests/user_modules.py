@@ -560,3 +560,17 @@ class HeldAtStep4(NoisyRegression):
 
   def actions(self):
     return [HeldAfterStep4()]
+
+
+class FailsToBuild(NoisyRegression):
+  """Its build fails, as a bug of the user's own would."""
+
+  def build(self):
+    raise ValueError('the model of this task cannot be built')
+
+
+class FailsToReadData(NoisyRegression):
+  """Its train_data has a bug of the user's own (a missing key)."""
+
+  def train_data(self, context):
+    return {}['features']

@@ -10,6 +10,7 @@
     workdir/export/            SavedModel and .keras files (serving/export.py)
     workdir/metrics.csv        every logged value (config.log_csv)
     workdir/mlflow.json        the MLflow run it logs to (config.mlflow)
+    workdir/mlflow_pending.jsonl   values MLflow has not acknowledged yet
 
 Each path is defined here, once.
 """
@@ -78,6 +79,12 @@ def metrics_csv_path(workdir: str) -> str:
 def mlflow_run_path(workdir: str) -> str:
   """The MLflow run this workdir logs to (config.mlflow)."""
   return os.path.join(workdir, 'mlflow.json')
+
+
+def mlflow_pending_path(workdir: str) -> str:
+  """Values queued for MLflow that it has not acknowledged, a JSON line
+  each: sent by the next run when this one is killed (config.mlflow)."""
+  return os.path.join(workdir, 'mlflow_pending.jsonl')
 
 
 class Lock:

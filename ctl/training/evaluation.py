@@ -23,6 +23,7 @@ from ctl import task_hooks
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.data import in_memory
 from ctl.runtime import summaries
+from ctl.training import failures
 from ctl.training import metric_reading
 from ctl.training import steps as steps_lib
 
@@ -90,7 +91,8 @@ class Evaluator:
     ones held as tensors."""
     if self._sets is None:
       with self._watchdog.paused():  # Reading data waits on no peer.
-        sets = self._task.eval_data(self._context)
+        with failures.task_hook('eval_data()', type(self._task)):
+          sets = self._task.eval_data(self._context)
         if sets is None:
           sets = {}
         elif not isinstance(sets, Mapping):

@@ -10,14 +10,18 @@ errors turned into ctl's, in one place.
   through and returns a CtlError, or None; a corrupt record of a task's
   own pipeline gets a message of its own;
 - XLA that cannot compile the step;
-- a full disk, or a workdir that vanished.
+- a full disk, or a workdir that vanished;
+- an error of the task's own code while it is made, reads its data or
+  builds (`task_hook`): its traceback, then a line naming the hook.
 
 Each says what was kept: checkpoints are whole or absent, so the latest
 whole one resumes the run.
 """
 
+import contextlib
 import errno
 
+from absl import logging
 import tensorflow as tf
 
 from ctl import errors
@@ -51,6 +55,29 @@ def explain(error: Exception, *, workdir: str, task: task_lib.Task | None,
   if isinstance(error, (tf.errors.OpError, OSError)):
     return storage_failure(error, workdir)
   return None
+
+
+@contextlib.contextmanager
+def task_hook(name: str, task_class: type):
+  """Runs a hook of the task (`name`, e.g. 'build()'): an error it
+  raises is logged with its traceback, then raised as a CtlError naming the
+  hook, which ctl.main prints as its last line.
+
+  ctl's own errors pass as they are, and so do TensorFlow's, which
+  explain() reads (a peer lost while variables are created, a store that
+  stopped answering).
+  """
+  try:
+    yield
+  except (errors.CtlError, tf.errors.OpError):
+    raise
+  except Exception as error:  # pylint: disable=broad-except
+    logging.error('The task\'s %s raised:', name, exc_info=True)
+    message = ' '.join(errors.summary(error, 300).split())  # One line.
+    raise errors.CtlError(
+        f'{task_class.__module__}.{task_class.__qualname__}.{name} raised '
+        f'{type(error).__name__}: {message} (the traceback is above). Fix '
+        'the task and run again.') from error
 
 
 def peer_failure(error: Exception, workdir: str,

@@ -9,13 +9,22 @@ values (`train/<name>`) and eval results (`eval/<name>`, or
 `export/`, and marks the run FINISHED when training ends. The MLflow run's
 id is kept in workdir/mlflow.json: a resumed job continues that run, and
 does not log again the steps it had logged before it stopped (a resumed
-run computes them anew, bit for bit). A value MLflow could not take (the
-server down) is kept and sent with the next ones; training goes on.
+run computes them anew, bit for bit).
+
+Training never waits on the server: the loop queues each value in
+workdir/mlflow_pending.jsonl and a thread sends it; a value leaves that
+file once MLflow acknowledged it. While the server is down or stopped,
+values wait there (sent again every few seconds); a run killed meanwhile
+leaves them for the next run in the workdir, which sends them first. The
+end of training waits up to a minute for the last ones.
 """
 
 from collections.abc import Mapping
+import json
 import os
+import threading
 import time
+import urllib.parse
 
 from absl import logging
 import ml_collections
@@ -29,6 +38,9 @@ from ctl.runtime import workdir as workdir_lib
 _PARENT_TAG = 'mlflow.parentRunId'  # MLflow's own: runs nest under it.
 _MAX_PARAM_CHARS = 6000  # MLflow's limit on a param's value.
 _MAX_PENDING = 100_000  # Values kept while the server is unreachable.
+_BATCH = 1000  # MLflow's limit of metrics in one log_batch.
+_RETRY_SECS = 5.0  # Between sends while the server does not take them.
+_END_WAIT_SECS = 60  # At the end of training, for the last values.
 
 
 def enabled(config: ml_collections.ConfigDict) -> bool:
@@ -46,7 +58,15 @@ def client(tracking_uri: str):
     raise errors.ConfigError(
         'config.mlflow.tracking_uri is set but MLflow is not installed: pip '
         'install "ctl[mlflow]" (or mlflow), or leave the URI empty.') from error
-  return tracking.MlflowClient(tracking_uri=tracking_uri)
+  try:
+    # As MLflow parses it, here, before any of its requests: a malformed
+    # URI is a config mistake, not a server that does not answer.
+    urllib.parse.urlsplit(tracking_uri)
+    return tracking.MlflowClient(tracking_uri=tracking_uri)
+  except ValueError as error:
+    raise errors.ConfigError(
+        f'config.mlflow.tracking_uri={tracking_uri!r} is not a URI ({error}): '
+        "set one as 'http://localhost:5000', or '' for no MLflow.") from error
 
 
 def reachable_client(tracking_uri: str):
@@ -113,8 +133,118 @@ def flat_params(config: ml_collections.ConfigDict) -> dict[str, str]:
   return params
 
 
+class _Pending:
+  """The values queued for MLflow that it has not acknowledged yet: in
+  memory, and in workdir/mlflow_pending.jsonl (a value a line), so that
+  those of a killed run are sent by the next one. Shared by the loop,
+  which adds, and the sender thread, which removes what MLflow took.
+
+  Each value is (key, value, timestamp in ms, step): sent again as it was
+  first sent, which MLflow's SQL store keeps once.
+  """
+
+  def __init__(self, path: str):
+    self._path = path
+    self._lock = threading.Lock()
+    self._entries = _read_pending(path)
+    self._dropped = 0  # Oldest values dropped over _MAX_PENDING.
+    # {metric: the last step queued}, by this process and those before it.
+    self._queued = {}
+    self._note_queued(self._entries)
+
+  def add(self, step: int, values: Mapping[str, float]) -> None:
+    """Queues the values of a step not queued before (a resumed run
+    computes again the steps after its checkpoint)."""
+    now = int(time.time() * 1000)
+    with self._lock:
+      new = [(key, float(value), now, step) for key, value in values.items()
+             if step > self._queued.get(key, -1)]
+      self._note_queued(new)
+      self._entries += new
+      if len(self._entries) > _MAX_PENDING:
+        self._dropped += len(self._entries) - _MAX_PENDING
+        del self._entries[:-_MAX_PENDING]
+        self._write()
+      elif new:
+        storage.append_text(self._path, ''.join(map(_line, new)))
+
+  def head(self, count: int) -> list[tuple]:
+    """The oldest `count` values, in the order they were queued."""
+    with self._lock:
+      return self._entries[:count]
+
+  def remove(self, taken: list[tuple]) -> None:
+    """Forgets values MLflow acknowledged."""
+    taken = set(taken)
+    with self._lock:
+      self._entries = [entry for entry in self._entries
+                       if entry not in taken]
+      self._write()
+
+  def drop_logged(self, logged: Mapping[str, int]) -> None:
+    """Forgets values of steps MLflow has ({metric: its last step}), and
+    queues no more of them."""
+    with self._lock:
+      kept = [entry for entry in self._entries
+              if entry[3] > logged.get(entry[0], -1)]
+      for key, step in logged.items():
+        self._queued[key] = max(step, self._queued.get(key, -1))
+      if len(kept) != len(self._entries):
+        self._entries = kept
+        self._write()
+
+  def __len__(self) -> int:
+    with self._lock:
+      return len(self._entries)
+
+  def take_dropped(self) -> int:
+    """How many values were dropped over the bound since the last call."""
+    with self._lock:
+      dropped, self._dropped = self._dropped, 0
+      return dropped
+
+  def _note_queued(self, entries) -> None:
+    for key, _, _, step in entries:
+      self._queued[key] = max(step, self._queued.get(key, -1))
+
+  def _write(self) -> None:
+    """The file as the entries are (none: no file); under the lock."""
+    if self._entries:
+      storage.write_text(self._path, ''.join(map(_line, self._entries)))
+    elif storage.exists(self._path):
+      storage.remove(self._path)
+
+
+def _line(entry: tuple) -> str:
+  key, value, timestamp, step = entry
+  return json.dumps({'key': key, 'value': value, 'timestamp': timestamp,
+                     'step': step}) + '\n'
+
+
+def _read_pending(path: str) -> list[tuple]:
+  """The values a run before this one left unsent; a line cut by a kill
+  (the last) is skipped."""
+  entries = []
+  for line in (storage.read_text(path) or '').splitlines():
+    try:
+      item = json.loads(line)
+      entries.append((item['key'], float(item['value']),
+                      int(item['timestamp']), int(item['step'])))
+    except (ValueError, KeyError, TypeError):
+      continue
+  if entries:
+    logging.info('MLflow: %d values a run before this one did not send are '
+                 'sent first (%s).', len(entries), path)
+  return entries
+
+
 class MlflowLogger(actions.Action):
-  """Logs the run to MLflow (see the module's docstring); on the chief."""
+  """Logs the run to MLflow (see the module's docstring); on the chief.
+
+  The loop only queues values (in the workdir's pending file, see
+  _Pending); a thread of this logger sends them, so that training never
+  waits on the server.
+  """
 
   when = actions.When(after_log=True, after_eval=True, at_end=True)
 
@@ -123,11 +253,13 @@ class MlflowLogger(actions.Action):
     self._params = flat_params(config)
     self._workdir = workdir
     self._mlflow = reachable_client(config.mlflow.tracking_uri)
-    self._run_id = None  # Opened at the first run: training has started.
-    # {metric: the last step queued}: by this process, and by those before
-    # it (MLflow's history, read when the run is opened).
-    self._queued = {}
-    self._pending = []  # mlflow Metric entries not sent yet.
+    self._pending = _Pending(workdir_lib.mlflow_pending_path(workdir))
+    self._run_id = None  # Opened by the sender: training has started.
+    self._wake = threading.Event()  # Values were queued, or training ended.
+    self._ending = threading.Event()  # Training ended: finish the run.
+    self._finished = threading.Event()  # Everything sent, the run FINISHED.
+    self._failing = False  # The last send failed (warned once).
+    self._sender = None  # The thread, started with the first values.
 
   def run(self, event: actions.Event) -> None:
     values = {}
@@ -138,20 +270,69 @@ class MlflowLogger(actions.Action):
     if event.evaluated:
       values.update({f'eval/{name}': value for name, value in
                      best_lib.flat_metrics(event.eval_results).items()})
-    self._queue(event.step, values)
+    self._pending.add(event.step, values)
+    dropped = self._pending.take_dropped()
+    if dropped:
+      logging.warning('MLflow: %d values not sent were dropped, the oldest '
+                      '(over %d held while the server does not take them).',
+                      dropped, _MAX_PENDING)
+    if self._sender is None:
+      self._sender = threading.Thread(target=self._send_until_finished,
+                                      name='ctl-mlflow', daemon=True)
+      self._sender.start()
+    if event.end:
+      self._ending.set()
+    self._wake.set()
+    if event.end:
+      self._wait_until_finished()
+
+  def _wait_until_finished(self) -> None:
+    """Training has ended: waits, a bounded time, for the values to be
+    sent and the run to be marked FINISHED."""
+    if not self._finished.wait(_END_WAIT_SECS):
+      logging.warning(
+          'MLflow did not take the last %d values within %d s; they are '
+          'kept in %s and sent by the next run in this workdir.',
+          len(self._pending), _END_WAIT_SECS,
+          workdir_lib.mlflow_pending_path(self._workdir))
+
+  def _send_until_finished(self) -> None:
+    """The sender thread: sends what is queued when woken, again every
+    _RETRY_SECS while MLflow does not take it, until the run finished."""
+    while True:
+      self._wake.wait(_RETRY_SECS if self._failing else None)
+      self._wake.clear()
+      # Read before sending: the values of the end were queued before.
+      ending = self._ending.is_set()
+      if self._send(finish=ending) and ending:
+        self._finished.set()
+        return
+
+  def _send(self, finish: bool) -> bool:
+    """Sends the queued values (and marks the run FINISHED if `finish`);
+    whether MLflow took them all."""
+    from mlflow import entities  # pylint: disable=g-import-not-at-top
     try:
       if self._run_id is None:
         self._open()
-      while self._pending:
-        self._mlflow.log_batch(self._run_id, metrics=self._pending[:1000])
-        del self._pending[:1000]
-      if event.end:
+      while batch := self._pending.head(_BATCH):
+        self._mlflow.log_batch(
+            self._run_id, metrics=[entities.Metric(*entry) for entry in batch])
+        self._pending.remove(batch)
+      if finish:
         self._mlflow.set_terminated(self._run_id, 'FINISHED')
     except Exception as error:  # pylint: disable=broad-except
-      # Training goes on; the values are sent with the next ones.
-      logging.warning('MLflow did not take %d values (%s: %s); sending them '
-                      'again with the next ones.', len(self._pending),
-                      type(error).__name__, str(error)[:200])
+      if not self._failing:  # Once an outage, not at every retry.
+        logging.warning(
+            'MLflow did not take %d values (%s: %s); training goes on, and '
+            'they are sent again (kept in the workdir until then).',
+            len(self._pending), type(error).__name__, str(error)[:200])
+      self._failing = True
+      return False
+    if self._failing:
+      logging.info('MLflow takes values again.')
+    self._failing = False
+    return True
 
   def _open(self) -> None:
     """Opens (or continues) the run; drops the values it already has."""
@@ -167,10 +348,7 @@ class MlflowLogger(actions.Action):
     for key in run.data.metrics:
       history = self._mlflow.get_metric_history(run_id, key)
       logged[key] = max(entry.step for entry in history)
-    self._pending = [metric for metric in self._pending
-                     if metric.step > logged.get(metric.key, -1)]
-    for key, step in logged.items():
-      self._queued[key] = max(step, self._queued.get(key, -1))
+    self._pending.drop_logged(logged)
     self._run_id = run_id
 
   def _log_params(self, run_id: str, logged: Mapping[str, str]) -> None:
@@ -184,15 +362,6 @@ class MlflowLogger(actions.Action):
            if key not in logged]
     for start in range(0, len(new), 100):  # MLflow's batch limit.
       self._mlflow.log_batch(run_id, params=new[start:start + 100])
-
-  def _queue(self, step: int, values: Mapping[str, float]) -> None:
-    from mlflow import entities  # pylint: disable=g-import-not-at-top
-    now = int(time.time() * 1000)
-    for key, value in values.items():
-      if step > self._queued.get(key, -1):  # Not twice for one step.
-        self._pending.append(entities.Metric(key, float(value), now, step))
-        self._queued[key] = step
-    del self._pending[:-_MAX_PENDING]
 
 
 def log_export(config: ml_collections.ConfigDict, workdir: str,

@@ -120,6 +120,22 @@ class Trainer:
         workdir, config.evaluation.best_metric, config.evaluation.best_mode,
         is_chief=task_info.is_chief, reread=task_info.num_workers == 1))
 
+  def _warm_start(self) -> None:
+    """Loads config.init_from's model weights; a source whose checkpoint
+    state file is not text (TensorFlow raises UnicodeDecodeError reading
+    it) fails in one line."""
+    source = self.config.init_from
+    try:
+      checkpoint_contents.warm_start(self.task, source,
+                                     self.config.init_select)
+    except UnicodeError as error:
+      raise errors.CtlError(
+          f'Cannot warm-start from config.init_from={source!r}: a checkpoint '
+          f'state file there ("checkpoint") is not a text file '
+          f'({errors.summary(error, 200)}). Point init_from at a checkpoint '
+          'path prefix (.../checkpoints/ckpt-N) or a workdir whose '
+          'checkpoints are whole.') from error
+
   def restore_or_start(self) -> dict | None:
     """Restores the latest checkpoint, or warm-starts, or starts at step 0;
     the results when training had finished before (nothing to do).
@@ -137,8 +153,7 @@ class Trainer:
         self._stopped = loop_lib.Stopped(int(self.state.step.numpy()),
                                          stopped)
     elif self.config.init_from:
-      checkpoint_contents.warm_start(self.task, self.config.init_from,
-                                     self.config.init_select)
+      self._warm_start()
     if self.task_info.num_workers > 1:
       state_lib.check_workers_agree(self.strategy, self.state)
     state_lib.note_workers(self.state, self.task_info.num_workers,

@@ -6,6 +6,7 @@ logged twice; a sweep's trials as children of one parent run."""
 import csv
 import os
 import pathlib
+import random
 import re
 import signal
 import subprocess
@@ -25,9 +26,31 @@ FLAGS = (f'--config={helpers.DIGITS}:smoke', '--config.deterministic=True',
 
 
 @pytest.fixture(scope='module')
-def server(tmp_path_factory):
+def server_directory(tmp_path_factory):
+  """The server's database and artifacts."""
+  return tmp_path_factory.mktemp('mlflow')
+
+
+def _server_processes(directory: pathlib.Path) -> list[int]:
+  """The server's processes: `mlflow server`, and its uvicorn and job
+  runner, which name the database in their environment only."""
+  database = str(directory / 'mlflow.db').encode()
+  found = []
+  for entry in os.listdir('/proc'):
+    try:
+      with open(f'/proc/{entry}/cmdline', 'rb') as command, open(
+          f'/proc/{entry}/environ', 'rb') as environment:
+        if database in command.read() or database in environment.read():
+          found.append(int(entry))
+    except (OSError, ValueError):
+      continue
+  return found
+
+
+@pytest.fixture(scope='module')
+def server(server_directory):
   """An MLflow tracking server on localhost; its URI."""
-  directory = tmp_path_factory.mktemp('mlflow')
+  directory = server_directory
   port = portpicker.pick_unused_port()
   job = helpers.Watched([
       sys.executable, '-m', 'mlflow', 'server', '--host', '127.0.0.1',
@@ -42,9 +65,9 @@ def server(tmp_path_factory):
     yield uri
   finally:
     # The server runs uvicorn in a process of its own: stop both.
-    for pid in [job.process.pid,
-                *helpers.processes_mentioning(str(directory / 'mlflow.db'))]:
+    for pid in [job.process.pid, *_server_processes(directory)]:
       try:
+        os.kill(pid, signal.SIGCONT)  # A test that stopped it failed.
         os.kill(pid, signal.SIGTERM)
       except ProcessLookupError:
         pass
@@ -95,19 +118,65 @@ def test_a_killed_run_continues_its_mlflow_run_without_repeating_steps(
   assert run.info.run_name == workdir.name
   assert run.data.params['optimizer.learning_rate'] == str(
       helpers.load_config('digits', 'smoke').optimizer.learning_rate)
-  # Every logged value once, at its step, as in metrics.csv.
-  for name, rows in _csv_values(workdir).items():
-    history = client.get_metric_history(run.info.run_id, name)
-    logged = sorted((entry.step, entry.value) for entry in history)
-    assert [step for step, _ in logged] == [step for step, _ in rows], name
-    if 'per_second' not in name:  # Speeds differ run to run.
-      assert [value for _, value in logged] == pytest.approx(
-          [value for _, value in rows]), name
+  _assert_logged_once_as_in_csv(client, run.info.run_id, workdir)
   assert 'eval/accuracy' in run.data.metrics
   exported = {item.path for item in client.list_artifacts(run.info.run_id,
                                                           'export')}
   assert 'export/saved_model' in exported
   assert 'export/model.keras' in exported
+
+
+def _assert_logged_once_as_in_csv(client, run_id, workdir):
+  """Every value of metrics.csv in MLflow, once, at its step."""
+  for name, rows in _csv_values(workdir).items():
+    history = client.get_metric_history(run_id, name)
+    logged = sorted((entry.step, entry.value) for entry in history)
+    assert [step for step, _ in logged] == [step for step, _ in rows], name
+    if 'per_second' not in name:  # Speeds differ run to run.
+      assert [value for _, value in logged] == pytest.approx(
+          [value for _, value in rows]), name
+
+
+@pytest.mark.slow
+def test_values_logged_while_the_server_is_stopped_survive_a_kill(
+    server, server_directory, tmp_path):
+  seed = random.randrange(1 << 16)
+  print(f'seed {seed}')
+  flags = (*FLAGS, f'--config.mlflow.tracking_uri={server}',
+           '--config.mlflow.experiment=outage',
+           '--config.intervals.checkpoint_steps=20',
+           '--config.intervals.async_checkpoint=False')
+  workdir = tmp_path / 'run'
+  job = helpers.Watched(helpers.ctl_command(*flags, f'--workdir={workdir}'))
+  job.wait_for('MLflow: run ')
+  job.wait_for(r'step 8/88 ')
+  stopped = _server_processes(server_directory)
+  try:
+    for pid in stopped:
+      os.kill(pid, signal.SIGSTOP)
+    stopped_at = max(map(int, re.findall(r'step (\d+)/88 ', job.output)))
+    # Training goes on while the server does not answer: 4 or more log
+    # lines and a checkpoint later, it is killed.
+    next_checkpoint = (stopped_at // 20 + 1) * 20
+    kill_at = max(next_checkpoint + 4, stopped_at + 16) + 4 * random.Random(
+        seed).randint(0, 3)
+    assert kill_at < 88, job.output[-3000:]
+    job.wait_for(rf'step {kill_at}/88 ')
+    job.kill()
+  finally:
+    for pid in stopped:
+      os.kill(pid, signal.SIGCONT)
+  assert (workdir / 'mlflow_pending.jsonl').stat().st_size > 0
+
+  resumed = helpers.run_ctl(*flags, f'--workdir={workdir}')
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  resumed_from = int(re.search(r'Training from step (\d+)', resumed.stderr)[1])
+  assert stopped_at < resumed_from < kill_at  # Steps between were lost.
+  client = tracking.MlflowClient(server)
+  run = _run_of(client, workdir)
+  assert run.info.status == 'FINISHED'
+  _assert_logged_once_as_in_csv(client, run.info.run_id, workdir)
+  assert not (workdir / 'mlflow_pending.jsonl').exists()
 
 
 @pytest.mark.slow
