@@ -149,11 +149,11 @@ def base_config() -> ml_collections.ConfigDict:
   # evaluation, and stops early as early stopping does (exit 0, 'pruned at
   # step N' in results.json) when the study's pruner says so
   # (ctl/sweep/pruning.py). '' storage: not a trial of a search.
-  config.sweep = ml_collections.ConfigDict()
-  config.sweep.storage = ''  # The study's journal file or database URL.
-  config.sweep.study = ''  # The study's name in it.
-  config.sweep.trial = -1  # The trial's number in the study.
-  config.sweep.metric = ''  # The eval result reported: 'accuracy', 'set/x'.
+  config.search = ml_collections.ConfigDict()
+  config.search.storage = ''  # The study's journal file or database URL.
+  config.search.study = ''  # The study's name in it.
+  config.search.trial = -1  # The trial's number in the study.
+  config.search.metric = ''  # The eval result reported: 'accuracy', 'set/x'.
 
   # A SavedModel (serving signature on raw inputs) and .keras files of the
   # best checkpoint, else the latest, in workdir/export/ (ctl/serving/).

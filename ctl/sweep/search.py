@@ -9,7 +9,7 @@ budget is COMPLETE, PRUNED or FAIL, so that as long as one sweep process
 lives no trial is left RUNNING unheld.
 
 A trial is a `python -m ctl.main` process, as a grid's trials are, in
-<workdir>/trial-NNNN, told by config.sweep where its study is (its chief
+<workdir>/trial-NNNN, told by config.search where its study is (its chief
 reports each evaluation and stops when pruned, ctl/training/pruning.py).
 """
 
@@ -145,12 +145,12 @@ class Runner:
     name = study_lib.trial_name(number)
     workdir = os.path.join(self._workdir, name)
     command = (*trials_lib.command(self._sweep, self._config_file, workdir,
-                                   overrides),
-               f'--config.sweep.storage={self._storage_url}',
-               f'--config.sweep.study={self._study.study_name}',
-               f'--config.sweep.trial={number}',
-               f'--config.sweep.metric={self._sweep.metric[len("eval."):]}',
-               *self._extra_flags)
+                                   overrides), *self._extra_flags)
+    if self._sweep.metric.startswith('eval.'):  # Reported at evaluations.
+      command += (f'--config.search.storage={self._storage_url}',
+                  f'--config.search.study={self._study.study_name}',
+                  f'--config.search.trial={number}',
+                  f'--config.search.metric={self._sweep.metric[5:]}')
     return trials_lib.Trial(name, overrides, workdir, command)
 
   def _start_next(self) -> None:

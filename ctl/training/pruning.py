@@ -1,7 +1,7 @@
 """A search's trial, from inside: its chief reports the sweep's metric to
 the study after each evaluation and stops when the study's pruner says so.
 
-ctl.sweep (ctl/sweep/study.py) sets config.sweep (storage, study, trial,
+ctl.sweep (ctl/sweep/study.py) sets config.search (storage, study, trial,
 metric) in each trial's command; the trainer adds `ReportToStudy` for it on
 the chief alone, so an N-worker trial reports once per evaluation. A
 resumed trial evaluates again at steps it reported before it stopped: those
@@ -37,7 +37,7 @@ class ReportToStudy(actions.Action):
 
   def run(self, event: actions.Event) -> None:
     value = best_lib.metric_value(event.eval_results or {}, self._metric,
-                                  'sweep.metric',
+                                  'search.metric',
                                   "as Sweep.metric='eval.<name>' in the "
                                   'sweep file')
     try:
@@ -69,7 +69,7 @@ class ReportToStudy(actions.Action):
 def from_config(config: ml_collections.ConfigDict,
                 is_chief: bool) -> list[actions.Action]:
   """The chief's ReportToStudy when ctl.sweep runs this as a search's trial."""
-  if not config.sweep.storage or not is_chief:
+  if not config.search.storage or not is_chief:
     return []
-  return [ReportToStudy(config.sweep.storage, config.sweep.study,
-                        config.sweep.trial, config.sweep.metric)]
+  return [ReportToStudy(config.search.storage, config.search.study,
+                        config.search.trial, config.search.metric)]
