@@ -123,6 +123,10 @@ class Search:
       if not all(isinstance(d, choice) for d in self.space.values()):
         raise ValueError("Search.sampler='grid' needs hyper.choice for every "
                          'key of the space.')
+      size = math.prod(len(d.values) for d in self.space.values())
+      if self.num_trials > size:
+        raise ValueError(f'Search.num_trials={self.num_trials}: the grid has '
+                         f'{size} points; use at most that many.')
     repeated = self.space.keys() & self.fixed.keys()
     if repeated:
       raise ValueError(f'Key(s) {sorted(repeated)} both searched and fixed.')

@@ -178,10 +178,13 @@ class Runner:
       optuna_trial.set_user_attr(study_lib.SURPLUS, True)
       self._study.tell(optuna_trial, state=study_lib.FAIL_STATE)
       return
-    # Seeded by the trial's number: a study run by one process samples the
-    # same values every time, and two processes asking at once differ.
-    self._study.sampler = study_lib.make_sampler(self._search,
-                                                 self._search.seed + number)
+    if self._search.sampler != 'grid':
+      # Seeded by the trial's number: a study run by one process samples
+      # the same values every time, and two processes asking at once
+      # differ. (A grid's point was picked in ask(), by an index into the
+      # grid as Search.seed shuffled it, the same in every process.)
+      self._study.sampler = study_lib.make_sampler(self._search,
+                                                   self._search.seed + number)
     overrides = {**self._search.fixed,
                  **{key: distribution.suggest(optuna_trial, key)
                     for key, distribution in self._search.space.items()}}
@@ -233,7 +236,9 @@ class Runner:
     if frozen.state.is_finished() or not self._leases.held_by_me(number):
       return  # Another process holds it now (it took it over).
     log = os.path.join(trial.workdir, 'log.txt')
-    if code == errors.EXIT_PREEMPTED:
+    if code == errors.EXIT_PREEMPTED or (code and self._stop_requested):
+      # Stopped, with a checkpoint where it had started training (SIGTERM
+      # before ctl.main handles it kills it): not the trial's failure.
       self._leases.release(frozen)
       _say(f'{trial.name}: stopped with a checkpoint; any sweep process of '
            'this study resumes it')

@@ -56,10 +56,19 @@ def storage_url(flag: str, workdir: str) -> str:
   return os.path.abspath(os.path.join(workdir, JOURNAL_FILE))
 
 
+class _GridSampler(optuna.samplers.GridSampler):
+  """Optuna's GridSampler, without the study.stop() it calls once every
+  point was asked for: that works only inside Study.optimize, and a sweep
+  counts its trials itself (num_trials, at most the grid's size)."""
+
+  def after_trial(self, study, trial, state, values) -> None:
+    del study, trial, state, values
+
+
 def make_sampler(search: hyper.Search, seed: int) -> optuna.samplers.BaseSampler:
   """The Optuna sampler a Search names, seeded."""
   if search.sampler == 'grid':
-    return optuna.samplers.GridSampler(
+    return _GridSampler(
         {key: list(distribution.values)
          for key, distribution in search.space.items()}, seed=seed)
   if search.sampler == 'random':

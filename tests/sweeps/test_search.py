@@ -244,10 +244,24 @@ def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
     time.sleep(0.1)
   assert _study(workdir, storage).trials[0].state.name == 'RUNNING'
 
+  taken_over = ('trial-0000: taken over (nobody held it); resuming it from '
+                'its checkpoint')
+  # Another sweep process takes it over, and is stopped by SIGTERM as soon
+  # as it starts the trial: it leaves the trial to any other at once.
   second = helpers.Watched(_command(sweep_file, workdir, storage))
-  assert second.wait() == 0, second.output[-3000:]
-  assert ('trial-0000: taken over (nobody held it); resuming it from its '
-          'checkpoint') in second.output
+  second.wait_for(r'trial-0000: started')
+  second.process.send_signal(signal.SIGTERM)
+  assert second.wait() == errors.EXIT_PREEMPTED, second.output[-3000:]
+  assert taken_over in second.output
+  assert ('trial-0000: stopped with a checkpoint; any sweep process of this '
+          'study resumes it') in second.output
+  [trial] = _study(workdir, storage).trials
+  assert trial.state.name == 'RUNNING'
+  assert trial.user_attrs[study_lib.LEASE]['owner'] is None
+
+  third = helpers.Watched(_command(sweep_file, workdir, storage))
+  assert third.wait() == 0, third.output[-3000:]
+  assert taken_over in third.output
   log = (trial_dir / 'log.txt').read_text()
   assert 'Restored' in log
   assert (f'Step {kill_step} was reported to the study before this run '
