@@ -3,6 +3,7 @@ taken over after a SIGKILL, against the embedded journal file and a real
 PostgreSQL server."""
 
 import csv
+import os
 import pathlib
 import random
 import re
@@ -103,6 +104,15 @@ def test_a_storage_that_does_not_answer_stops_the_sweep_before_any_trial(
       + errors_printed[0].split('OperationalError: ', 1)[-1]], run.output
   assert 'Traceback' not in run.output
   assert not (tmp_path / 'sweep').exists()
+  # The Slurm array's script passes its storage on as it is.
+  sbatch = helpers.REPO / 'experiments' / 'deploy' / 'sweep.sbatch'
+  run = helpers.Watched(['bash', str(sbatch)], env=helpers.env_with(
+      PATH=os.pathsep.join([os.path.dirname(sys.executable),
+                            os.environ['PATH']]),
+      SWEEP=sweep_file, WORKDIR=str(tmp_path / 'sweep'),
+      STORAGE=f'postgresql://ctl@127.0.0.1:{port}/study'))
+  assert run.wait() == errors.EXIT_FAILURE
+  assert errors_printed[0] in run.output
 
 
 def test_a_sweep_file_of_another_space_than_its_study_is_refused(tmp_path):
