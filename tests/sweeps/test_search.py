@@ -176,6 +176,10 @@ def test_two_sweep_processes_run_one_study_and_prune(shared_search):
   trials = [trial for trial in study.trials
             if not trial.user_attrs.get(study_lib.SURPLUS)]
   assert [trial.number for trial in trials] == list(range(8))
+  # Each trial sampled with a seed of its own: no two processes asking at
+  # once drew the same values.
+  assert len({trial.params['optimizer.learning_rate'] for trial in trials}) \
+      == 8
   states = [trial.state.name for trial in trials]
   assert set(states) <= {'COMPLETE', 'PRUNED'} and 'PRUNED' in states, states
   rows = _read_csv(workdir / 'results.csv')
