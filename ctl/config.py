@@ -144,6 +144,17 @@ def base_config() -> ml_collections.ConfigDict:
   config.mlflow.run_name = ''  # '': the workdir's name.
   config.mlflow.parent_run_id = ''  # ctl.sweep sets it for its trials.
 
+  # Set by ctl.sweep for a trial of a search (ctl.hyper.Search): the
+  # trial's chief reports the eval metric to the study after each
+  # evaluation, and stops early as early stopping does (exit 0, 'pruned at
+  # step N' in results.json) when the study's pruner says so
+  # (ctl/sweep/pruning.py). '' storage: not a trial of a search.
+  config.search = ml_collections.ConfigDict()
+  config.search.storage = ''  # The study's journal file or database URL.
+  config.search.study = ''  # The study's name in it.
+  config.search.trial = -1  # The trial's number in the study.
+  config.search.metric = ''  # The eval result reported: 'accuracy', 'set/x'.
+
   # A SavedModel (serving signature on raw inputs) and .keras files of the
   # best checkpoint, else the latest, in workdir/export/ (ctl/serving/).
   config.export = ml_collections.ConfigDict()

@@ -12,7 +12,19 @@ A sweep file in experiments/ defines `get_sweep()` returning a `Sweep`:
               hyper.sweep('batch_size', [32, 64])))
 
 `product` crosses factors (a grid), `zip` pairs them up, `random` samples
-them (seeded) from `log_uniform`, `uniform` and `choice`.
+them (seeded) from `log_uniform`, `uniform`, `integer` and `choice`.
+
+A search instead asks an Optuna study for each trial's values, given the
+same distributions as a space, a sampler, a pruner and a budget:
+
+    def get_sweep():
+      return hyper.Sweep(
+          config='../configs/digits.py',
+          search=hyper.Search(
+              space={'optimizer.learning_rate': hyper.log_uniform(1e-4, 1e-1)},
+              num_trials=12, sampler='tpe', pruner='median'))
+
+(ctl/sweep/study.py runs it; Optuna is the extra ctl[sweep].)
 """
 
 import builtins
@@ -34,18 +46,97 @@ class Sweep:
   # The config file, relative to the sweep file's directory; ':arg' after it
   # is passed to get_config as on the command line.
   config: str
-  trials: Sequence[Trial]
+  # The trials' overrides (a grid, zip or random sample); or, instead, a
+  # search that an Optuna study samples.
+  trials: Sequence[Trial] = ()
   # What ranks the trials: a dotted path into each trial's results.json.
   metric: str = 'eval.accuracy'
   mode: str = 'max'  # 'max' or 'min'.
   # Workers per trial; more than 1 runs each trial through ctl.launch.
   num_workers: int = 1
+  search: 'Search | None' = None
 
   def __post_init__(self):
     if self.mode not in ('max', 'min'):
       raise ValueError(f"Sweep.mode must be 'max' or 'min', not {self.mode!r}")
-    if not self.trials:
-      raise ValueError('A sweep needs at least one trial.')
+    if self.search is not None and self.trials:
+      raise ValueError('A sweep has trials or a search, not both.')
+    if not self.trials and self.search is None:
+      raise ValueError('A sweep needs at least one trial, or a search.')
+
+
+SAMPLERS = ('tpe', 'random', 'grid')
+PRUNERS = (None, 'median', 'asha', 'hyperband')
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+  """A search: each trial's values sampled by an Optuna study.
+
+  Attributes:
+    space: dotted config keys -> distributions (`log_uniform`, `uniform`,
+      `integer`, `choice`).
+    num_trials: the budget: trials started in the study, all sweep
+      processes together (finished, pruned and failed ones count).
+    sampler: 'tpe' (Optuna's TPESampler), 'random', or 'grid' (every
+      combination of `choice` values, in a seeded order; num_trials at most
+      their number).
+    pruner: None, 'median' (MedianPruner), 'asha' (SuccessiveHalvingPruner)
+      or 'hyperband' (HyperbandPruner): it decides after each evaluation
+      whether a trial stops early (PRUNED).
+    pruner_options: keyword arguments of the pruner's Optuna class, e.g.
+      {'n_startup_trials': 3} for 'median'.
+    seed: seeds the sampler.
+    fixed: overrides every trial has (not searched), e.g. {'num_epochs': 5}.
+  """
+
+  space: Mapping[str, 'Distribution']
+  num_trials: int
+  sampler: str = 'tpe'
+  pruner: str | None = 'median'
+  pruner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  seed: int = 0
+  fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if not self.space:
+      raise ValueError('Search.space needs at least one key.')
+    for key, distribution in self.space.items():
+      if not isinstance(distribution, Distribution):
+        raise ValueError(
+            f'Search.space[{key!r}] is {distribution!r}: use hyper.log_uniform, '
+            'uniform, integer or choice (a fixed value goes in Search.fixed).')
+    if self.num_trials < 1:
+      raise ValueError(f'Search.num_trials={self.num_trials}: use 1 or more.')
+    if self.sampler not in SAMPLERS:
+      raise ValueError(f'Search.sampler={self.sampler!r}: use one of {SAMPLERS}.')
+    if self.pruner not in PRUNERS:
+      raise ValueError(f'Search.pruner={self.pruner!r}: use one of {PRUNERS}.')
+    for key, distribution in self.space.items():
+      if isinstance(distribution, choice) and not all(
+          value is None or isinstance(value, (bool, int, float, str))
+          for value in distribution.values):
+        raise ValueError(
+            f'Search.space[{key!r}]: a study stores None, bool, int, float '
+            f'and str values; {distribution.values!r} has others.')
+    if self.sampler == 'grid':
+      if not all(isinstance(d, choice) for d in self.space.values()):
+        raise ValueError("Search.sampler='grid' needs hyper.choice for every "
+                         'key of the space.')
+      size = math.prod(len(d.values) for d in self.space.values())
+      if self.num_trials > size:
+        raise ValueError(f'Search.num_trials={self.num_trials}: the grid has '
+                         f'{size} points; use at most that many.')
+    repeated = self.space.keys() & self.fixed.keys()
+    if repeated:
+      raise ValueError(f'Key(s) {sorted(repeated)} both searched and fixed.')
+
+  def description(self) -> dict[str, Any]:
+    """What makes two sweep processes' searches one study (JSON-able)."""
+    return {'space': {key: repr(distribution)
+                      for key, distribution in sorted(self.space.items())},
+            'fixed': {key: repr(value)
+                      for key, value in sorted(self.fixed.items())}}
 
 
 def sweep(key: str, values: Sequence[Any]) -> list[Trial]:
@@ -81,9 +172,13 @@ def random(num_trials: int, seed: int,
 
 
 class Distribution:
-  """Draws one value from a numpy Generator."""
+  """Draws one value from a numpy Generator, or asks an Optuna trial for it."""
 
   def sample(self, rng: np.random.Generator) -> Any:
+    raise NotImplementedError
+
+  def suggest(self, trial: Any, key: str) -> Any:
+    """The value an optuna.Trial suggests for key."""
     raise NotImplementedError
 
 
@@ -97,6 +192,9 @@ class uniform(Distribution):  # pylint: disable=invalid-name
   def sample(self, rng):
     return float(rng.uniform(self.low, self.high))
 
+  def suggest(self, trial, key):
+    return trial.suggest_float(key, self.low, self.high)
+
 
 @dataclasses.dataclass(frozen=True)
 class log_uniform(Distribution):  # pylint: disable=invalid-name
@@ -109,6 +207,23 @@ class log_uniform(Distribution):  # pylint: disable=invalid-name
     return float(math.exp(rng.uniform(math.log(self.low),
                                       math.log(self.high))))
 
+  def suggest(self, trial, key):
+    return trial.suggest_float(key, self.low, self.high, log=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class integer(Distribution):  # pylint: disable=invalid-name
+  """An int uniformly in [low, high], both included."""
+
+  low: int
+  high: int
+
+  def sample(self, rng):
+    return int(rng.integers(self.low, self.high + 1))
+
+  def suggest(self, trial, key):
+    return trial.suggest_int(key, self.low, self.high)
+
 
 @dataclasses.dataclass(frozen=True)
 class choice(Distribution):  # pylint: disable=invalid-name
@@ -118,6 +233,9 @@ class choice(Distribution):  # pylint: disable=invalid-name
 
   def sample(self, rng):
     return self.values[int(rng.integers(len(self.values)))]
+
+  def suggest(self, trial, key):
+    return trial.suggest_categorical(key, list(self.values))
 
 
 def _merge(trials: Sequence[Trial]) -> Trial:

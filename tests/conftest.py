@@ -27,3 +27,14 @@ def gcs_server(tmp_path_factory):
   gcs.use_in_this_process(server)
   yield server
   server.stop()
+
+
+@pytest.fixture(scope='session')
+def postgres_server():
+  """A PostgreSQL server on localhost (tests/postgres.py), started once per
+  test run when a test first asks for it."""
+  import postgres  # pylint: disable=g-import-not-at-top
+  server = postgres.PostgresServer()
+  server.start()
+  yield server
+  server.stop()

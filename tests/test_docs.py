@@ -28,7 +28,7 @@ NOT_FIELDS = {'key', 'optimizer.learning_rat'}
 PACKAGES = ('training', 'runtime', 'data', 'serving', 'builtin_tasks', 'sweep',
             'checkpoints', 'cluster')
 # Names of files, not of config fields or symbols: `config.json`.
-FILE_NAME = re.compile(r'.*\.(json|py|md|cfg|csv|txt|keras|yaml|sbatch|'
+FILE_NAME = re.compile(r'.*\.(json|py|md|cfg|csv|txt|keras|yaml|sbatch|journal|'
                        r'conf|npz|png|pb)')
 
 

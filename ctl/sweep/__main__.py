@@ -15,10 +15,20 @@ Writes, in --workdir:
     results.csv           one row per trial: overrides, final metrics, step, wall time
     <metric>.png          the metric against each swept hyperparameter
     events.*.hparams      TensorBoard HParams (with one per trial workdir)
+    study.journal         a search's Optuna study (without --storage)
 
-Exit codes: 0 every trial finished; 1 some trial failed; 2 a bad sweep or
-override (nothing ran); 42 stopped by SIGTERM or Ctrl-C (running trials saved
-a checkpoint; run the same command again to go on).
+A sweep file with a search (hyper.Search) runs an Optuna study instead
+(ctl/sweep/search.py): the same command, started any number of times on
+one machine or many, joins the study and runs its trials, trial-NNNN, until
+num_trials are done. Its storage is `study.journal` in --workdir, or
+--storage (a database URL) for sweep processes on several machines;
+results.csv then has each trial's state (COMPLETE, PRUNED, FAIL, RUNNING).
+
+Exit codes: 0 every trial finished (or was pruned); 1 some trial failed, or
+the study's storage does not answer; 2 a bad sweep or override, or a study
+of another search in that storage (nothing ran); 42 stopped by SIGTERM or
+Ctrl-C (running trials saved a checkpoint; run the same command again to go
+on).
 """
 
 import dataclasses
@@ -34,6 +44,7 @@ from absl import flags
 from ctl import config as config_lib
 from ctl import errors
 from ctl import storage
+from ctl.runtime import studies
 from ctl.runtime import subprocesses
 from ctl.runtime import workdir as workdir_lib
 from ctl.sweep import trials as trials_lib
@@ -45,6 +56,17 @@ _WORKDIR = flags.DEFINE_string('workdir', None,
                                'Directory for the trials and the results.')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Trials run at once.',
                                  lower_bound=1)
+_STORAGE = flags.DEFINE_string(
+    'storage', '', "A search's study storage: a database URL "
+    '(postgresql://user@host:5432/db) that sweep processes on several '
+    'machines share; default: a journal file in --workdir.')
+_STUDY = flags.DEFINE_string(
+    'study', '', "A search's study name in its storage; default: the "
+    "workdir's name.")
+_LEASE_SECONDS = flags.DEFINE_float(
+    'lease_seconds', 60.0, 'A search: a running trial whose sweep process '
+    'has not renewed its lease for this long (its machine died) is taken '
+    'over by another sweep process.', lower_bound=1.0)
 flags.mark_flags_as_required(['sweep', 'workdir'])
 
 
@@ -53,12 +75,16 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   try:
     sweep, config_file = trials_lib.load_sweep(_SWEEP.value)
+    if sweep.search is not None:
+      _run_search(sweep, config_file)
     trials = trials_lib.plan(sweep, config_file, _WORKDIR.value)
   except errors.ConfigError as error:
-    print(f'ctl.sweep: error: {error}', file=sys.stderr)
-    sys.exit(error.exit_code)
+    _fail(error)
   workdir_lib.prepare(_WORKDIR.value)
-  trials, trial_config = _with_mlflow_parent(trials, config_file)
+  trial_config = config_lib.load(config_file, trials[0].overrides)
+  parent_flags = _mlflow_parent_flags(trial_config)
+  trials = [dataclasses.replace(trial, command=(*trial.command, *parent_flags))
+            for trial in trials]
   storage.write_json(os.path.join(_WORKDIR.value, 'sweep.json'), {
       'sweep': os.path.abspath(_SWEEP.value), 'config': config_file,
       'metric': sweep.metric, 'mode': sweep.mode,
@@ -78,21 +104,60 @@ def main(argv: list[str]) -> None:
   sys.exit(0 if report.all_finished else errors.EXIT_FAILURE)
 
 
-def _with_mlflow_parent(trials, config_file):
-  """Where the trials log to MLflow, the sweep's parent run (one per sweep
-  workdir) in every trial's command; and a trial's config."""
-  trial_config = config_lib.load(config_file, trials[0].overrides)
+def _run_search(sweep, config_file) -> None:
+  """Runs a search's trials in its study with the others sweep processes
+  of that study; exits."""
+  # Imported here: Optuna is for searches only (the extra ctl[sweep]).
+  from ctl.sweep import search as search_lib  # pylint: disable=g-import-not-at-top
+  from ctl.sweep import study as study_lib  # pylint: disable=g-import-not-at-top
+  search_lib.check(sweep, config_file)
+  url = study_lib.storage_url(_STORAGE.value, _WORKDIR.value)
+  name = _STUDY.value or os.path.basename(os.path.normpath(_WORKDIR.value))
+  try:
+    study = study_lib.open_study(sweep, url, name)  # Before any file.
+    workdir_lib.prepare(_WORKDIR.value)
+  except errors.CtlError as error:
+    _fail(error)
+  trial_config = config_lib.load(config_file, dict(sweep.search.fixed))
+  storage.write_json(os.path.join(_WORKDIR.value, 'sweep.json'), {
+      'sweep': os.path.abspath(_SWEEP.value), 'config': config_file,
+      'metric': sweep.metric, 'mode': sweep.mode,
+      'num_workers': sweep.num_workers, 'storage': studies.shown(url),
+      'study': name, 'search': study_lib.describe(sweep),
+      'num_trials': sweep.search.num_trials})
+  runner = search_lib.Runner(
+      sweep, config_file, _WORKDIR.value, study, url, _PARALLEL.value,
+      _LEASE_SECONDS.value, _mlflow_parent_flags(trial_config))
+  stopped = runner.run()
+  from ctl.sweep import report as sweep_report  # pylint: disable=g-import-not-at-top
+  trials = runner.trials()
+  report = sweep_report.write(sweep, [trial for trial, _ in trials],
+                              _WORKDIR.value,
+                              states=[state for _, state in trials])
+  print(report.summary)
+  if not stopped:
+    _finish_mlflow_parent(trial_config, report)
+  if stopped:
+    sys.exit(errors.EXIT_PREEMPTED)
+  sys.exit(0 if report.all_finished else errors.EXIT_FAILURE)
+
+
+def _fail(error: errors.CtlError) -> None:
+  print(f'ctl.sweep: error: {error}', file=sys.stderr)
+  sys.exit(error.exit_code)
+
+
+def _mlflow_parent_flags(trial_config) -> tuple[str, ...]:
+  """Where the trials log to MLflow, the flag naming the sweep's parent run
+  (one per sweep workdir) for every trial's command."""
   if not trial_config.mlflow.tracking_uri:
-    return trials, trial_config
+    return ()
   from ctl.training import mlflow_logger  # pylint: disable=g-import-not-at-top
   try:
     parent = mlflow_logger.sweep_parent(trial_config, _WORKDIR.value)
   except errors.CtlError as error:
-    print(f'ctl.sweep: error: {error}', file=sys.stderr)
-    sys.exit(error.exit_code)
-  flag = f'--config.mlflow.parent_run_id={parent}'
-  return [dataclasses.replace(trial, command=(*trial.command, flag))
-          for trial in trials], trial_config
+    _fail(error)
+  return (f'--config.mlflow.parent_run_id={parent}',)
 
 
 def _finish_mlflow_parent(trial_config, report) -> None:

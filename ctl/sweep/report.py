@@ -31,10 +31,16 @@ class Report:
 
 
 def write(sweep: hyper.Sweep, trials: Sequence[trials_lib.Trial],
-          workdir: str) -> Report:
-  """Writes results.csv, the plot and the HParams summaries; returns a summary."""
+          workdir: str, states: Sequence[str] | None = None) -> Report:
+  """Writes results.csv, the plot and the HParams summaries; returns a summary.
+
+  A search's trials come with their states in the study (COMPLETE, PRUNED,
+  FAIL, RUNNING): a column of results.csv; a pruned trial is not ranked.
+  """
   keys = list(dict.fromkeys(key for trial in trials for key in trial.overrides))
   rows = [_row(trial, sweep.metric) for trial in trials]
+  if states is not None:
+    rows = [_with_state(row, state) for row, state in zip(rows, states)]
   finished = [row for row in rows
               if row['status'] == 'finished' and row['metric'] is not None]
   ranked = sorted(finished, key=lambda row: row['metric'],
@@ -47,7 +53,8 @@ def write(sweep: hyper.Sweep, trials: Sequence[trials_lib.Trial],
     plot(finished, keys, sweep, plot_path, best=ranked[0])
   _write_hparams(workdir, trials, keys, finished)
   return Report(summary=_summary(sweep, rows, ranked, workdir, plot_path),
-                all_finished=all(row['status'] == 'finished' for row in rows),
+                all_finished=all(row['status'] in ('finished', 'pruned')
+                                 for row in rows),
                 best=ranked[0]['trial'] if ranked else None,
                 results_csv=results_csv)
 
@@ -56,7 +63,7 @@ def _row(trial: trials_lib.Trial, metric: str) -> dict[str, Any]:
   """A trial's overrides, status and final numbers."""
   results = workdir_lib.read_results(trial.workdir)
   record = trial.record()
-  value = _lookup(results, metric) if results else None
+  value = trials_lib.lookup(results, metric) if results else None
   if results is not None and value is None:
     # A task of one's own names its results in its hooks: a metric that
     # never appeared fails the trial, saying what there is instead.
@@ -78,6 +85,16 @@ def _row(trial: trials_lib.Trial, metric: str) -> dict[str, Any]:
   return row
 
 
+def _with_state(row: dict[str, Any], state: str) -> dict[str, Any]:
+  """A search's row with its trial's state in the study."""
+  row = {'state': state, **row}
+  if state == 'PRUNED':
+    row['status'] = 'pruned'
+  elif state == 'RUNNING':
+    row['status'] = 'running'
+  return row
+
+
 def _result_names(results: dict) -> list[str]:
   """The names a Sweep.metric can take in a trial's results.json."""
   return ['step', 'epoch', *(f'eval.{name}' for name in
@@ -85,19 +102,12 @@ def _result_names(results: dict) -> list[str]:
                              if not isinstance(results['eval'][name], dict))]
 
 
-def _lookup(tree: dict, dotted_key: str) -> float | None:
-  for part in dotted_key.split('.'):
-    if not isinstance(tree, dict) or part not in tree:
-      return None
-    tree = tree[part]
-  return tree
-
-
 def _write_csv(path: str, rows: list[dict], keys: list[str]) -> None:
   metrics = sorted({name for row in rows for name in row
                     if name.startswith('eval.')})
-  columns = ['trial', 'status', *keys, 'step', *metrics, 'wall_seconds',
-             'workdir']
+  states = ['state'] if any('state' in row for row in rows) else []
+  columns = ['trial', *states, 'status', *keys, 'step', *metrics,
+             'wall_seconds', 'workdir']
   text = io.StringIO()
   writer = csv.DictWriter(text, columns, extrasaction='ignore')
   writer.writeheader()
@@ -182,7 +192,7 @@ def _summary(sweep: hyper.Sweep, rows: list[dict], ranked: list[dict],
     lines.append(f'{rank:>4}  {_number(row["metric"]):>14}  {row["step"]:>6}  '
                  f'{row["wall_seconds"]:>7}  {row["trial"]}')
   for row in rows:
-    if row['status'] != 'finished':
+    if row['status'] != 'finished':  # Pruned, failed, running, not run.
       lines.append(f'{"-":>4}  {row["status"]:>14}  {"":>6}  '
                    f'{row["wall_seconds"]:>7}  {row["trial"]}  '
                    f'(log: {os.path.join(row["workdir"], "log.txt")})')

@@ -76,7 +76,7 @@ def plan(sweep: hyper.Sweep, config_file: str, workdir: str) -> list[Trial]:
     except errors.ConfigError as error:
       problems.append(f'trial {index} ({name}): {error}')
       continue
-    problem = _metric_problem(sweep.metric, config)
+    problem = metric_problem(sweep.metric, config)
     if problem:
       problems.append(f'trial {index} ({name}): {problem}')
   if problems:
@@ -85,7 +85,7 @@ def plan(sweep: hyper.Sweep, config_file: str, workdir: str) -> list[Trial]:
         'was started:\n  ' + '\n  '.join(problems))
   return [
       Trial(name, dict(overrides), os.path.join(workdir, name),
-            _command(sweep, config_file, os.path.join(workdir, name),
+            command(sweep, config_file, os.path.join(workdir, name),
                      overrides))
       for name, overrides in zip(names, sweep.trials)
   ]
@@ -105,7 +105,7 @@ def _keep_earlier_names(trials: list[Mapping[str, Any]], names: list[str],
   return kept if len(set(kept)) == len(kept) else names
 
 
-def _metric_problem(metric: str, config) -> str | None:
+def metric_problem(metric: str, config) -> str | None:
   """Why a trial's results cannot hold `metric`, where the config tells.
 
   A built-in task's config lists its metrics (`config.metrics`); a task of
@@ -125,6 +125,15 @@ def _metric_problem(metric: str, config) -> str | None:
     return (f'Sweep.metric {metric!r} is not in its results; use one of '
             f'{known}')
   return None
+
+
+def lookup(tree: dict, dotted_key: str) -> Any:
+  """The value at a dotted path into results.json ('eval.accuracy'), or None."""
+  for part in dotted_key.split('.'):
+    if not isinstance(tree, dict) or part not in tree:
+      return None
+    tree = tree[part]
+  return tree
 
 
 def trial_names(trials: list[Mapping[str, Any]]) -> list[str]:
@@ -187,7 +196,7 @@ def _digest(overrides: Mapping[str, Any]) -> str:
   return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
-def _command(sweep: hyper.Sweep, config_file: str, workdir: str,
+def command(sweep: hyper.Sweep, config_file: str, workdir: str,
              overrides: Mapping[str, Any]) -> tuple[str, ...]:
   ctl_args = (f'--config={config_file}', f'--workdir={workdir}',
               *config_lib.override_flags(overrides))

@@ -40,6 +40,7 @@ from ctl.training import loop as loop_lib
 from ctl.training import loop_plan
 from ctl.training import metric_reading
 from ctl.training import mlflow_logger
+from ctl.training import pruning
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
@@ -104,6 +105,7 @@ class Trainer:
     self.task_actions = [
         *builtin_actions.from_config(config, workdir),
         *mlflow_logger.from_config(config, workdir, task_info.is_chief),
+        *pruning.from_config(config, task_info.is_chief),
         *self.task.actions()]
     # The report's state is saved beside theirs, under its own name.
     actions_lib.check_names([*self.task_actions, loop_lib.Reporter])

@@ -186,7 +186,8 @@ SWEEP_FILES = sorted(path for path in (helpers.REPO / 'experiments').glob('*.py'
 
 
 def test_there_are_shipped_sweeps():
-  assert {path.stem for path in SWEEP_FILES} >= {'digits_lr', 'digits_random'}
+  assert {path.stem for path in SWEEP_FILES} >= {'digits_lr', 'digits_random',
+                                                 'digits_search'}
 
 
 @pytest.mark.parametrize('sweep_file', SWEEP_FILES, ids=lambda path: path.stem)
@@ -194,8 +195,13 @@ def test_every_shipped_sweep_loads_and_its_trials_check_out(sweep_file,
                                                             tmp_path):
   sweep, config_file = trials_lib.load_sweep(str(sweep_file))
   assert pathlib.Path(config_file).is_file()
-  planned = trials_lib.plan(sweep, config_file, str(tmp_path))
-  assert len(planned) == len(sweep.trials) >= 4
+  if sweep.search is not None:
+    from ctl.sweep import search  # pylint: disable=g-import-not-at-top
+    search.check(sweep, config_file)
+    assert sweep.search.num_trials >= 4
+  else:
+    planned = trials_lib.plan(sweep, config_file, str(tmp_path))
+    assert len(planned) == len(sweep.trials) >= 4
   docstring = ast.get_docstring(ast.parse(sweep_file.read_text()))
   assert f'python -m ctl.sweep --sweep=experiments/{sweep_file.name}' in (
       docstring)

@@ -1,0 +1,82 @@
+"""A search's Optuna study, as both sides open it: the sweep process
+(ctl/sweep/study.py) and a trial's chief (ctl/training/pruning.py).
+
+Optuna (the extra ctl[sweep]) is imported only when a study is opened: a
+run that is no search's trial never imports it.
+"""
+
+import os
+from typing import Any
+
+from ctl import errors
+
+SEARCH = 'ctl.search'  # The study's user attribute describing its search.
+
+
+def import_optuna():
+  """Optuna, imported on first use: only searches need it."""
+  try:
+    import optuna  # pylint: disable=g-import-not-at-top
+  except ImportError as error:
+    raise errors.ConfigError(
+        'A search needs Optuna: pip install "ctl[sweep]" (or optuna>=4, and '
+        'psycopg[binary] for a PostgreSQL storage).') from error
+  optuna.logging.set_verbosity(optuna.logging.WARNING)
+  return optuna
+
+
+def shown(url: str) -> str:
+  """The storage URL without its password, for messages."""
+  if '://' not in url:
+    return url
+  from sqlalchemy.engine import make_url  # pylint: disable=g-import-not-at-top
+  try:
+    return make_url(url).render_as_string(hide_password=True)
+  except Exception:  # pylint: disable=broad-except
+    return url.rsplit('@', 1)[-1]
+
+
+def open_storage(url: str):
+  """The storage behind url (a journal file's path, or a database URL).
+
+  Raises:
+    CtlError: it does not answer (exit 1).
+  """
+  optuna = import_optuna()
+  try:
+    if '://' not in url:
+      from optuna.storages import journal  # pylint: disable=g-import-not-at-top
+      os.makedirs(os.path.dirname(url), exist_ok=True)
+      return journal.JournalStorage(journal.JournalFileBackend(url))
+    engine_kwargs = {}
+    if url.startswith('postgresql'):
+      # A host that drops packets must not hang the sweep.
+      engine_kwargs = {'connect_args': {'connect_timeout': 10}}
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+  except Exception as error:  # pylint: disable=broad-except
+    raise unreachable(url, error) from error
+
+
+def unreachable(url: str, error: Exception) -> errors.CtlError:
+  """The error for a storage that does not answer."""
+  text = str(error).strip()
+  first_line = text.splitlines()[0] if text else ''
+  return errors.CtlError(
+      f'The study storage {shown(url)} does not answer: '
+      f'{type(error).__name__}: {first_line}. Check --storage (a database URL '
+      'such as postgresql://user@host:5432/db, the database created).')
+
+
+def make_pruner(name: str | None, options: dict[str, Any]):
+  """The Optuna pruner a Search names (None: never prunes)."""
+  pruners = import_optuna().pruners
+  classes = {None: pruners.NopPruner, 'median': pruners.MedianPruner,
+             'asha': pruners.SuccessiveHalvingPruner,
+             'hyperband': pruners.HyperbandPruner}
+  return classes[name](**options)
+
+
+def trial_id(study, number: int) -> int:
+  """The storage's id of the study's trial of that number."""
+  return study._storage.get_trial_id_from_study_id_trial_number(  # pylint: disable=protected-access
+      study._study_id, number)  # pylint: disable=protected-access

@@ -1,0 +1,277 @@
+"""A search's sweep process: asks the study for trials and runs them.
+
+Any number of these processes, on one machine or many, share one study
+(ctl/sweep/study.py). Each runs up to `parallel` trials at a time: first a
+RUNNING trial nobody holds any more (its process died, or was stopped by
+SIGTERM), resumed from its checkpoint; else a new trial asked of the study,
+while the study has fewer than num_trials. It ends when every trial of the
+budget is COMPLETE, PRUNED or FAIL, so that as long as one sweep process
+lives no trial is left RUNNING unheld.
+
+A trial is a `python -m ctl.main` process, as a grid's trials are, in
+<workdir>/trial-NNNN, told by config.search where its study is (its chief
+reports each evaluation and stops when pruned, ctl/training/pruning.py).
+"""
+
+import os
+import signal
+import time
+from typing import Any
+
+from ctl import config as config_lib
+from ctl import errors
+from ctl import hyper
+from ctl import storage
+from ctl.runtime import studies
+from ctl.runtime import subprocesses
+from ctl.runtime import workdir as workdir_lib
+from ctl.sweep import study as study_lib
+from ctl.sweep import trials as trials_lib
+
+_POLL_SECONDS = 0.2  # Between checks of the running trials.
+_STUDY_POLL_SECONDS = 1.0  # Between reads of the study for work.
+
+
+def check(sweep: hyper.Sweep, config_file: str) -> None:
+  """Checks the search's keys and metric before anything runs.
+
+  Every key is tried at its distribution's ends (and every choice), so a
+  misspelt key or a value the config refuses stops the sweep at once.
+
+  Raises:
+    ConfigError: listing each problem.
+  """
+  search = sweep.search
+  problems = []
+  config = None
+  for overrides in _corners(search):
+    try:
+      config = config_lib.load(config_file, overrides)
+    except errors.ConfigError as error:
+      problems.append(str(error))
+  if config is not None:
+    problem = trials_lib.metric_problem(sweep.metric, config)
+    if problem:
+      problems.append(problem)
+  if search.pruner and not sweep.metric.startswith('eval.'):
+    problems.append(f'Sweep.metric {sweep.metric!r}: a pruner compares eval '
+                    "results at each evaluation; use 'eval.<name>'.")
+  if problems:
+    raise errors.ConfigError(
+        'The search cannot run; nothing was started:\n  ' +
+        '\n  '.join(dict.fromkeys(problems)))
+
+
+def _corners(search: hyper.Search) -> list[dict[str, Any]]:
+  """Overrides at each end of every distribution, every choice once."""
+  lows, highs, choices = {}, {}, []
+  for key, distribution in search.space.items():
+    if isinstance(distribution, hyper.choice):
+      lows[key] = highs[key] = distribution.values[0]
+      choices += [{key: value} for value in distribution.values[1:]]
+    else:
+      lows[key], highs[key] = distribution.low, distribution.high
+  return [{**search.fixed, **lows}, {**search.fixed, **highs},
+          *({**search.fixed, **lows, **choice} for choice in choices)]
+
+
+class Runner:
+  """One sweep process of a search: claims and asks for trials, runs them."""
+
+  def __init__(self, sweep: hyper.Sweep, config_file: str, workdir: str,
+               study, storage_url: str, parallel: int, lease_seconds: float,
+               extra_flags: tuple[str, ...] = ()):
+    self._sweep = sweep
+    self._search = sweep.search
+    self._config_file = config_file
+    self._workdir = workdir
+    self._study = study
+    self._storage_url = storage_url
+    self._parallel = parallel
+    self._extra_flags = extra_flags
+    self._leases = study_lib.Leases(study, lease_seconds)
+    self._running = {}  # Popen -> (number, Trial, start time, log file)
+    self._renewed = 0.0
+    self._looked = 0.0
+    self._stop_requested = False
+
+  def run(self) -> bool:
+    """Runs trials until the budget is done; returns whether a signal
+    stopped it."""
+    previous = {signum: signal.signal(signum, self._request_stop)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+      while True:
+        self._collect_exited()
+        if self._stop_requested:
+          if not self._running:
+            break
+        else:
+          self._renew()
+          if time.monotonic() - self._looked >= _STUDY_POLL_SECONDS:
+            self._looked = time.monotonic()
+            if self._budget_done() and not self._running:
+              break
+            if len(self._running) < self._parallel:
+              self._start_next()
+        time.sleep(_POLL_SECONDS)
+    finally:
+      for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    return self._stop_requested
+
+  def trials(self) -> list[tuple[trials_lib.Trial, str]]:
+    """The budget's trials so far and their study states, by number."""
+    return [(self._trial(frozen.number, self._overrides(frozen)),
+             frozen.state.name)
+            for frozen in self._budget_trials()]
+
+  def _budget_trials(self):
+    return [frozen for frozen in self._study.get_trials(deepcopy=False)
+            if frozen.number < self._search.num_trials and
+            not frozen.user_attrs.get(study_lib.SURPLUS)]
+
+  def _budget_done(self) -> bool:
+    trials = self._budget_trials()
+    return (len(trials) >= self._search.num_trials and
+            all(frozen.state.is_finished() for frozen in trials))
+
+  def _overrides(self, frozen) -> dict[str, Any]:
+    return {**self._search.fixed,
+            **{key: frozen.params[key] for key in self._search.space
+               if key in frozen.params}}
+
+  def _trial(self, number: int, overrides: dict[str, Any]) -> trials_lib.Trial:
+    name = study_lib.trial_name(number)
+    workdir = os.path.join(self._workdir, name)
+    command = (*trials_lib.command(self._sweep, self._config_file, workdir,
+                                   overrides), *self._extra_flags)
+    if self._sweep.metric.startswith('eval.'):  # Reported at evaluations.
+      command += (f'--config.search.storage={self._storage_url}',
+                  f'--config.search.study={self._study.study_name}',
+                  f'--config.search.trial={number}',
+                  f'--config.search.metric={self._sweep.metric[5:]}')
+    return trials_lib.Trial(name, overrides, workdir, command)
+
+  def _start_next(self) -> None:
+    """Starts a trial nobody holds, else a new one, if there is either."""
+    mine = {number for number, *_ in self._running.values()}
+    for frozen in self._budget_trials():
+      if (frozen.state.name == 'RUNNING' and frozen.number not in mine and
+          self._leases.is_free(frozen)):
+        if self._leases.claim(frozen):
+          _say(f'{study_lib.trial_name(frozen.number)}: taken over (nobody '
+               'held it); resuming it from its checkpoint')
+          self._start(frozen.number, self._overrides(frozen))
+          return
+    if len(self._budget_trials()) < self._search.num_trials:
+      self._ask()
+
+  def _ask(self) -> None:
+    """A new trial: its values sampled by the study's sampler."""
+    optuna_trial = self._study.ask()
+    number = optuna_trial.number
+    frozen = self._study._storage.get_trial(optuna_trial._trial_id)  # pylint: disable=protected-access
+    self._leases.hold(frozen)
+    if number >= self._search.num_trials:
+      # Another process asked for the last trial at the same moment.
+      optuna_trial.set_user_attr(study_lib.SURPLUS, True)
+      self._study.tell(optuna_trial, state=study_lib.FAIL_STATE)
+      return
+    if self._search.sampler != 'grid':
+      # Seeded by the trial's number: a study run by one process samples
+      # the same values every time, and two processes asking at once
+      # differ. (A grid's point was picked in ask(), by an index into the
+      # grid as Search.seed shuffled it, the same in every process.)
+      self._study.sampler = study_lib.make_sampler(self._search,
+                                                   self._search.seed + number)
+    overrides = {**self._search.fixed,
+                 **{key: distribution.suggest(optuna_trial, key)
+                    for key, distribution in self._search.space.items()}}
+    self._start(number, overrides)
+
+  def _start(self, number: int, overrides: dict[str, Any]) -> None:
+    trial = self._trial(number, overrides)
+    storage.makedirs(trial.workdir)
+    log = open(os.path.join(trial.workdir, 'log.txt'), 'a')  # pylint: disable=consider-using-with
+    log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: '
+              f'{" ".join(trial.command)}\n')
+    log.flush()
+    process = subprocesses.start(list(trial.command), stdout=log)
+    self._running[process] = (number, trial, time.monotonic(), log)
+    _say(f'{trial.name}: started (pid {process.pid}): '
+         + ' '.join(config_lib.override_flags(overrides)))
+
+  def _renew(self) -> None:
+    """Renews this process's leases; stops a trial another process took."""
+    if time.monotonic() - self._renewed < self._leases.lease_seconds / 4:
+      return
+    self._renewed = time.monotonic()
+    for process, (number, trial, _, _) in self._running.items():
+      if not self._leases.held_by_me(number):
+        _say(f'{trial.name}: another sweep process took it over; stopping '
+             'it here')
+        process.send_signal(signal.SIGTERM)
+        continue
+      self._leases.hold(self._frozen(number))
+
+  def _frozen(self, number: int):
+    return self._study._storage.get_trial(  # pylint: disable=protected-access
+        studies.trial_id(self._study, number))
+
+  def _collect_exited(self) -> None:
+    for process in [p for p in self._running if p.poll() is not None]:
+      number, trial, started, log = self._running.pop(process)
+      log.close()
+      record = trial.record()
+      record.update(overrides=trial.overrides, exit_code=process.returncode,
+                    wall_seconds=record.get('wall_seconds', 0.0) +
+                    time.monotonic() - started)
+      storage.write_json(os.path.join(trial.workdir, 'trial.json'), record)
+      self._tell(number, trial, process.returncode)
+
+  def _tell(self, number: int, trial: trials_lib.Trial, code: int) -> None:
+    """Records how a trial's process ended in the study."""
+    frozen = self._frozen(number)
+    if frozen.state.is_finished() or not self._leases.held_by_me(number):
+      return  # Another process holds it now (it took it over).
+    log = os.path.join(trial.workdir, 'log.txt')
+    if code == errors.EXIT_PREEMPTED or (code and self._stop_requested):
+      # Stopped, with a checkpoint where it had started training (SIGTERM
+      # before ctl.main handles it kills it): not the trial's failure.
+      self._leases.release(frozen)
+      _say(f'{trial.name}: stopped with a checkpoint; any sweep process of '
+           'this study resumes it')
+      return
+    results = workdir_lib.read_results(trial.workdir) if code == 0 else None
+    value = trials_lib.lookup(results, self._sweep.metric) if results else None
+    stopped = (results or {}).get('stopped') or {}
+    if results is not None and stopped.get('reason', '').startswith('pruned'):
+      self._study.tell(number, state=study_lib.PRUNED_STATE,
+                       skip_if_finished=True)
+      _say(f'{trial.name}: PRUNED at step {stopped["step"]}')
+    elif value is not None:
+      self._study.tell(number, float(value), skip_if_finished=True)
+      _say(f'{trial.name}: COMPLETE, {self._sweep.metric} {value:.4f}')
+    else:
+      why = (f'exit code {code}' if results is None else
+             f'no {self._sweep.metric} in its results')
+      self._study._storage.set_trial_user_attr(  # pylint: disable=protected-access
+          frozen._trial_id, study_lib.FAILURE, f'{why}; log: {log}')  # pylint: disable=protected-access
+      self._study.tell(number, state=study_lib.FAIL_STATE,
+                       skip_if_finished=True)
+      _say(f'{trial.name}: FAILED with {why}; log: {log}')
+
+  def _request_stop(self, signum, frame) -> None:
+    del frame
+    if not self._stop_requested:
+      _say(f'{signal.Signals(signum).name}: stopping the running trials; '
+           'they save a checkpoint, and any sweep process of this study '
+           'resumes them.')
+    self._stop_requested = True
+    for process in self._running:
+      process.send_signal(signal.SIGTERM)
+
+
+def _say(message: str) -> None:
+  print(f'[sweep] {message}', flush=True)

@@ -1,0 +1,314 @@
+"""Searches: an Optuna study shared by sweep processes, pruning, trials
+taken over after a SIGKILL, against the embedded journal file and a real
+PostgreSQL server."""
+
+import csv
+import os
+import pathlib
+import random
+import re
+import signal
+import sys
+import time
+import uuid
+
+import numpy as np
+import portpicker
+import pytest
+
+from ctl import config as config_lib
+from ctl import errors
+from ctl import hyper
+from ctl.runtime import studies
+from ctl.sweep import study as study_lib
+from ctl.sweep import trials as trials_lib
+import helpers
+
+STORAGES = ['journal', 'postgresql']
+# Two epochs of 22 steps, evaluated every 11: four reports a trial.
+SHORT = {'num_epochs': 2, 'batch_size': 64, 'intervals.eval_steps': 11}
+
+
+def _write_sweep(path: pathlib.Path, search: str) -> str:
+  path.write_text(
+      'from ctl import hyper\n\n'
+      'def get_sweep():\n'
+      f'  return hyper.Sweep(config={helpers.DIGITS!r}, search={search},\n'
+      '                     metric="eval.accuracy", mode="max")\n')
+  return str(path)
+
+
+def _command(sweep_file, workdir, storage='', *flags) -> list[str]:
+  return [sys.executable, '-m', 'ctl.sweep', f'--sweep={sweep_file}',
+          f'--workdir={workdir}', *([f'--storage={storage}'] if storage else []),
+          *flags]
+
+
+def _storage(kind: str, request) -> str:
+  """'' (the journal file in the workdir), or a new PostgreSQL database."""
+  if kind == 'journal':
+    return ''
+  server = request.getfixturevalue('postgres_server')
+  return server.create_database(f'study_{uuid.uuid4().hex[:8]}')
+
+
+def _study(workdir: pathlib.Path, storage: str):
+  """The study, as the sweep processes left it."""
+  optuna = studies.import_optuna()
+  url = study_lib.storage_url(storage, str(workdir))
+  return optuna.load_study(study_name=workdir.name,
+                           storage=studies.open_storage(url))
+
+
+def _read_csv(path: pathlib.Path) -> list[dict]:
+  with open(path, newline='') as file:
+    return list(csv.DictReader(file))
+
+
+# Definitions.
+
+
+def test_a_search_checks_its_space_sampler_and_pruner():
+  space = {'optimizer.learning_rate': hyper.log_uniform(1e-4, 1e-1),
+           'seed': hyper.integer(0, 3)}
+  search = hyper.Search(space=space, num_trials=4)
+  assert (search.sampler, search.pruner) == ('tpe', 'median')
+  rng = np.random.default_rng(0)
+  assert {hyper.integer(0, 3).sample(rng) for _ in range(100)} == {0, 1, 2, 3}
+  with pytest.raises(ValueError, match='trials or a search, not both'):
+    hyper.Sweep(config='c.py', trials=[{}], search=search)
+  with pytest.raises(ValueError, match=r"Search.pruner='asap'"):
+    hyper.Search(space=space, num_trials=4, pruner='asap')
+  with pytest.raises(ValueError, match="'grid' needs hyper.choice"):
+    hyper.Search(space=space, num_trials=4, sampler='grid')
+  with pytest.raises(ValueError, match='a fixed value goes in Search.fixed'):
+    hyper.Search(space={'seed': 3}, num_trials=4)
+  with pytest.raises(ValueError, match=r"\['seed'\] both searched and fixed"):
+    hyper.Search(space=space, num_trials=4, fixed={'seed': 1})
+
+
+def test_a_storage_that_does_not_answer_stops_the_sweep_before_any_trial(
+    tmp_path):
+  sweep_file = _write_sweep(tmp_path / 'search.py', 'hyper.Search(space={'
+                            "'optimizer.learning_rate': hyper.uniform(0.001, "
+                            '0.01)}, num_trials=2)')
+  port = portpicker.pick_unused_port()  # Nothing listens there.
+  run = helpers.Watched(_command(sweep_file, tmp_path / 'sweep',
+                                 f'postgresql://ctl@127.0.0.1:{port}/study'))
+  assert run.wait() == errors.EXIT_FAILURE
+  errors_printed = [line for line in run.output.splitlines()
+                    if line.startswith('ctl.sweep: error:')]
+  assert errors_printed == [
+      f'ctl.sweep: error: The study storage postgresql+psycopg://ctl@'
+      f'127.0.0.1:{port}/study does not answer: OperationalError: '
+      + errors_printed[0].split('OperationalError: ', 1)[-1]], run.output
+  assert 'Traceback' not in run.output
+  assert not (tmp_path / 'sweep').exists()
+  # The Slurm array's script passes its storage on as it is.
+  sbatch = helpers.REPO / 'experiments' / 'deploy' / 'sweep.sbatch'
+  run = helpers.Watched(['bash', str(sbatch)], env=helpers.env_with(
+      PATH=os.pathsep.join([os.path.dirname(sys.executable),
+                            os.environ['PATH']]),
+      SWEEP=sweep_file, WORKDIR=str(tmp_path / 'sweep'),
+      STORAGE=f'postgresql://ctl@127.0.0.1:{port}/study'))
+  assert run.wait() == errors.EXIT_FAILURE
+  assert errors_printed[0] in run.output
+
+
+def test_a_sweep_file_of_another_space_than_its_study_is_refused(tmp_path):
+  workdir = tmp_path / 'sweep'
+  first = _write_sweep(tmp_path / 'first.py', 'hyper.Search(space={'
+                       "'optimizer.learning_rate': hyper.log_uniform(1e-4, "
+                       "0.1), 'seed': hyper.integer(0, 3)}, num_trials=2)")
+  sweep, _ = trials_lib.load_sweep(first)
+  study_lib.open_study(sweep, study_lib.storage_url('', str(workdir)),
+                       workdir.name)
+  second = _write_sweep(tmp_path / 'second.py', 'hyper.Search(space={'
+                        "'optimizer.learning_rate': hyper.log_uniform(1e-3, "
+                        "0.1), 'batch_size': hyper.choice([32, 64])}, "
+                        'num_trials=2)')
+  run = helpers.Watched(_command(second, workdir))
+  assert run.wait() == errors.EXIT_USAGE
+  assert (f"ctl.sweep: error: The study 'sweep' in {workdir}/study.journal "
+          'searches another space than this sweep file:') in run.output
+  assert ("space 'batch_size': absent in the study, choice(values=[32, 64]) "
+          'in the sweep file') in run.output
+  assert ("space 'optimizer.learning_rate': log_uniform(low=0.0001, high=0.1) "
+          'in the study, log_uniform(low=0.001, high=0.1) in the sweep file'
+          ) in run.output
+  assert "space 'seed': integer(low=0, high=3) in the study, absent" in (
+      run.output)
+  assert [path.name for path in workdir.iterdir()] == ['study.journal']
+
+
+# Real searches.
+
+SEARCH = ("hyper.Search(space={'optimizer.learning_rate': "
+          "hyper.log_uniform(1e-5, 3e-2), 'seed': hyper.integer(0, 3)}, "
+          f"fixed={SHORT!r}, num_trials=8, sampler='tpe', pruner='median', "
+          "pruner_options={'n_startup_trials': 2})")
+
+
+@pytest.fixture(scope='module', params=STORAGES)
+def shared_search(request, tmp_path_factory):
+  """Two sweep processes started at once on one study of 8 trials."""
+  tmp_path = tmp_path_factory.mktemp(f'search_{request.param}')
+  storage = _storage(request.param, request)
+  sweep_file = _write_sweep(tmp_path / 'search.py', SEARCH)
+  workdir = tmp_path / 'sweep'
+  runs = [helpers.Watched(_command(sweep_file, workdir, storage))
+          for _ in range(2)]
+  codes = [run.wait() for run in runs]
+  assert codes == [0, 0], '\n'.join(run.output[-3000:] for run in runs)
+  return workdir, storage, [run.output for run in runs]
+
+
+@pytest.mark.slow
+def test_two_sweep_processes_run_one_study_and_prune(shared_search):
+  workdir, storage, outputs = shared_search
+  started = [re.findall(r'\[sweep\] (trial-\d+): started', output)
+             for output in outputs]
+  assert all(started), 'each sweep process ran trials'
+  names = sorted(started[0] + started[1])
+  assert names == [f'trial-{number:04d}' for number in range(8)], started
+
+  study = _study(workdir, storage)
+  trials = [trial for trial in study.trials
+            if not trial.user_attrs.get(study_lib.SURPLUS)]
+  assert [trial.number for trial in trials] == list(range(8))
+  # Each trial sampled with a seed of its own: no two processes asking at
+  # once drew the same values.
+  assert len({trial.params['optimizer.learning_rate'] for trial in trials}) \
+      == 8
+  states = [trial.state.name for trial in trials]
+  assert set(states) <= {'COMPLETE', 'PRUNED'} and 'PRUNED' in states, states
+  rows = _read_csv(workdir / 'results.csv')
+  assert [(row['trial'], row['state']) for row in rows] == [
+      (f'trial-{trial.number:04d}', trial.state.name) for trial in trials]
+  for row, trial in zip(rows, trials):
+    assert float(row['optimizer.learning_rate']) == trial.params[
+        'optimizer.learning_rate']
+    assert 0 <= int(row['seed']) <= 3
+    results = helpers.read_results(pathlib.Path(row['workdir']))
+    steps = sorted(trial.intermediate_values)
+    if trial.state.name == 'PRUNED':
+      assert results['stopped']['reason'].startswith(
+          f'pruned at step {steps[-1]}: eval accuracy'), results['stopped']
+      assert row['status'] == 'pruned'
+    else:
+      assert steps == [11, 22, 33, 44]
+      assert trial.value == pytest.approx(results['eval']['accuracy'])
+  best = max((row for row in rows if row['state'] == 'COMPLETE'),
+             key=lambda row: float(row['eval.accuracy']))
+  assert f'best: {best["trial"]}' in outputs[0] + outputs[1]
+
+
+def _wait_for_line(path: pathlib.Path, pattern: str, process,
+                   timeout: float = 300) -> None:
+  """Waits until the file has a line matching pattern, while process runs."""
+  deadline = time.monotonic() + timeout
+  while not (path.exists() and re.search(pattern, path.read_text(),
+                                         re.MULTILINE)):
+    assert process.poll() is None, f'exited before {pattern!r}'
+    assert time.monotonic() < deadline, f'no {pattern!r} within {timeout} s'
+    time.sleep(0.05)
+
+
+# Six epochs of 22 steps, a checkpoint each epoch, an evaluation every 11.
+LONG = {'num_epochs': 6, 'batch_size': 64, 'intervals.eval_steps': 11,
+        'deterministic': True}
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  """results.json of a run of LONG, lr 0.003, never stopped."""
+  workdir = tmp_path_factory.mktemp('uninterrupted')
+  overrides = {**LONG, 'optimizer.learning_rate': 0.003}
+  result = helpers.run_ctl(f'--config={helpers.DIGITS}', f'--workdir={workdir}',
+                           *config_lib.override_flags(overrides))
+  assert result.returncode == 0, result.stdout[-3000:]
+  return helpers.read_results(workdir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kind', STORAGES)
+def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
+    kind, request, tmp_path, uninterrupted):
+  seed = random.randrange(1000)
+  print(f'kill seed: {seed}')
+  kill_step = 22 * random.Random(seed).randint(1, 3) + 11
+  storage = _storage(kind, request)
+  # One trial, not pruned, of a fixed learning rate: its weights are known.
+  sweep_file = _write_sweep(tmp_path / 'search.py', (
+      "hyper.Search(space={'optimizer.learning_rate': hyper.choice([0.003])},"
+      f" fixed={LONG!r}, num_trials=1, sampler='grid', pruner=None)"))
+  workdir = tmp_path / 'sweep'
+  trial_dir = workdir / 'trial-0000'
+  first = helpers.Watched(_command(sweep_file, workdir, storage))
+  # Killed after reporting an evaluation it has no checkpoint of: the
+  # resumed trial evaluates that step again.
+  _wait_for_line(trial_dir / 'log.txt',
+                 rf'Reported eval accuracy \S+ at step {kill_step} ',
+                 first.process)
+  first.process.send_signal(signal.SIGKILL)
+  first.wait()
+  deadline = time.monotonic() + 60
+  while helpers.processes_mentioning(str(trial_dir)):  # Dies with its parent.
+    assert time.monotonic() < deadline, 'the trial outlived its sweep'
+    time.sleep(0.1)
+  assert _study(workdir, storage).trials[0].state.name == 'RUNNING'
+
+  taken_over = ('trial-0000: taken over (nobody held it); resuming it from '
+                'its checkpoint')
+  # Another sweep process takes it over, and is stopped by SIGTERM as soon
+  # as it starts the trial: it leaves the trial to any other at once.
+  second = helpers.Watched(_command(sweep_file, workdir, storage))
+  second.wait_for(r'trial-0000: started')
+  second.process.send_signal(signal.SIGTERM)
+  assert second.wait() == errors.EXIT_PREEMPTED, second.output[-3000:]
+  assert taken_over in second.output
+  assert ('trial-0000: stopped with a checkpoint; any sweep process of this '
+          'study resumes it') in second.output
+  [trial] = _study(workdir, storage).trials
+  assert trial.state.name == 'RUNNING'
+  assert trial.user_attrs[study_lib.LEASE]['owner'] is None
+
+  third = helpers.Watched(_command(sweep_file, workdir, storage))
+  assert third.wait() == 0, third.output[-3000:]
+  assert taken_over in third.output
+  log = (trial_dir / 'log.txt').read_text()
+  assert 'Restored' in log
+  assert (f'Step {kill_step} was reported to the study before this run '
+          'resumed: not again.') in log
+  eval_steps = list(range(11, 133, 11))
+  for step in eval_steps:
+    assert len(re.findall(rf'Reported eval accuracy \S+ at step {step} ',
+                          log)) == 1, step
+  [trial] = _study(workdir, storage).trials
+  assert trial.state.name == 'COMPLETE'
+  assert sorted(trial.intermediate_values) == eval_steps
+  results = helpers.read_results(trial_dir)
+  assert results['weights_sha256'] == uninterrupted['weights_sha256']
+  assert trial.value == results['eval']['accuracy']
+
+
+@pytest.mark.slow
+def test_a_failed_trial_is_failed_with_its_log_and_the_study_goes_on(tmp_path):
+  sweep_file = _write_sweep(tmp_path / 'search.py', (
+      "hyper.Search(space={'loss': hyper.choice(['user_modules:nan_loss', "
+      "'sparse_categorical_crossentropy'])}, fixed={'num_epochs': 1}, "
+      "num_trials=2, sampler='grid', pruner=None)"))
+  workdir = tmp_path / 'sweep'
+  run = helpers.Watched(_command(sweep_file, workdir), env=helpers.env_with())
+  assert run.wait() == errors.EXIT_FAILURE
+  study = _study(workdir, '')
+  states = {trial.params['loss']: trial.state.name for trial in study.trials}
+  assert states == {'user_modules:nan_loss': 'FAIL',
+                    'sparse_categorical_crossentropy': 'COMPLETE'}
+  [failed] = [trial for trial in study.trials if trial.state.name == 'FAIL']
+  log = workdir / f'trial-{failed.number:04d}' / 'log.txt'
+  assert f'FAILED with exit code 1; log: {log}' in run.output
+  assert failed.user_attrs[study_lib.FAILURE] == f'exit code 1; log: {log}'
+  assert 'diverged' in log.read_text()
+  assert sorted(row['state'] for row in _read_csv(workdir / 'results.csv')) \
+      == ['COMPLETE', 'FAIL']
