@@ -113,9 +113,10 @@ class Trainer:
     self.speed = speed_lib.SpeedMeter()
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
-    self.evaluation = _Evaluation(self, best_lib.BestCheckpoint(
+    self.best = best_lib.BestCheckpoint(
         workdir, config.evaluation.best_metric, config.evaluation.best_mode,
-        is_chief=task_info.is_chief, reread=task_info.num_workers == 1))
+        is_chief=task_info.is_chief, reread=task_info.num_workers == 1)
+    self.evaluation = _Evaluation(self, self.best)
 
   def restore_or_start(self) -> dict | None:
     """Restores the latest checkpoint, or warm-starts, or starts at step 0;
@@ -154,6 +155,7 @@ class Trainer:
       workdir_lib.prepare(self.workdir)
       self.workdir_lock.acquire()  # A workdir that did not exist before.
       workdir_lib.remove_leftovers(self.workdir)
+      self.best.repair()
       workdir_lib.save_config(self.workdir, self.config)
     return None
 

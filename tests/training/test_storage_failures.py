@@ -1,6 +1,7 @@
 """A full disk and a workdir that vanishes mid-run: one clear line, the
 latest whole checkpoint kept, and the same command resumes."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -56,6 +57,41 @@ def test_a_full_disk_is_one_line_and_the_run_resumes_once_freed(small_disk):
                            capture_output=True, text=True, timeout=600)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f'Training from step {kept} ' in resumed.stderr
+
+
+@pytest.mark.slow
+def test_a_best_checkpoint_the_full_disk_cut_short_is_not_recorded(
+    small_disk):
+  # Room for 1 MB more: the best checkpoint (1.8 MB), written at the first
+  # evaluation before the step's training checkpoint, fails. best.json once
+  # named it all the same, and every rerun then failed to export it.
+  workdir = small_disk / 'run'
+  (small_disk / 'filler').write_bytes(bytes(1_500_000))
+  overrides = ('--config.evaluation.best_metric=loss',
+               '--config.evaluation.best_mode=max',  # The first stays best.
+               '--config.intervals.checkpoint_steps=0')  # Epoch ends only.
+  full = subprocess.run(_command(workdir, *overrides), cwd=helpers.REPO,
+                        env=helpers.env_with(), capture_output=True,
+                        text=True, timeout=600)
+  assert full.returncode == errors.EXIT_FAILURE, full.stderr[-3000:]
+  line = _one_error_line(full.stderr)
+  assert line.startswith(f'ctl: error: The disk of {workdir} is full')
+  assert '/best/ckpt-44_temp/' in line
+  assert 'Best checkpoint of step 44 written' not in full.stderr
+  assert sorted(os.listdir(workdir / 'best')) == []
+  (small_disk / 'filler').unlink()
+  subprocess.run(['mount', '-o', 'remount,size=40m', str(small_disk)],
+                 check=True)
+  rerun = subprocess.run(_command(workdir, *overrides), cwd=helpers.REPO,
+                         env=helpers.env_with(), capture_output=True,
+                         text=True, timeout=600)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  kept = json.loads((workdir / 'best' / 'best.json').read_text())
+  assert kept['step'] == 44
+  assert sorted(os.listdir(workdir / 'best')) == [
+      'best.json', 'ckpt-44.data-00000-of-00001', 'ckpt-44.index']
+  assert json.loads((workdir / 'export' / 'export.json').read_text())[
+      'checkpoint'] == str(workdir / 'best' / 'ckpt-44')
 
 
 @pytest.mark.slow
