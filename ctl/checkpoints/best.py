@@ -196,11 +196,12 @@ class BestCheckpoint:
     name = f'ckpt-{step}'
     path = os.path.join(self._directory, name)
     if not checkpoint_files.is_whole(path):
-      # The write failed (its error stops the run where TensorFlow raises
-      # it); best.json keeps naming the previous best, whose files stay.
-      logging.warning('The best checkpoint of step %d was not written whole '
-                      '(see the error): %s still names the previous best, '
-                      'if any.', step, self._record)
+      # Its write failed (wait() raised that error, unless TensorFlow raised
+      # it before), or its files were deleted: best.json keeps naming the
+      # previous best, whose files stay.
+      logging.warning('The best checkpoint of step %d is not whole (its '
+                      'write failed, or its files were deleted): %s still '
+                      'names the previous best, if any.', step, self._record)
       checkpoint_files.remove_checkpoint(path)
       return
     storage.write_json(self._record, {

@@ -86,6 +86,20 @@ def test_a_best_checkpoint_write_cut_short_is_cleared_by_the_next_best(
   assert (tmp_path / 'best' / f'{kept["checkpoint"]}.index').exists()
 
 
+def test_a_checkpoint_write_cut_short_is_removed_by_the_next_run(tmp_path):
+  # A full disk (or a kill) while TensorFlow wrote a checkpoint's parts
+  # left checkpoints/ckpt-<step>_temp, which stayed there for good (on
+  # gs:// an object), unless a later save of that very step replaced it.
+  leftover = tmp_path / 'checkpoints' / 'ckpt-999_temp'
+  leftover.mkdir(parents=True)
+  (leftover / 'part-00000-of-00001.data-00000-of-00001').write_bytes(b'x')
+  run.train_and_evaluate(helpers.digits(1, **{'export.at_end': False}),
+                         str(tmp_path))
+  assert sorted(path.name for path in (tmp_path / 'checkpoints').iterdir()
+                if path.name.startswith('ckpt-')) == [
+                    'ckpt-44.data-00000-of-00001', 'ckpt-44.index']
+
+
 def test_a_new_best_is_logged_at_the_evaluation_that_found_it(tmp_path,
                                                               caplog):
   caplog.set_level('INFO')
