@@ -4,11 +4,18 @@
     workdir/best/best.json       its step, the metric, its value and every
                                  eval metric of that evaluation
 
-A new best is written under its own name first, then best.json is replaced
-atomically, then the older files are deleted: a kill at any moment leaves
-best.json naming a whole checkpoint. Training's checkpoint rotation
-(`keep_checkpoints`) never touches this folder, and a restarted trainer or
-side-car evaluator reads best.json to know the value to beat.
+A new best is written under its own name first, checked whole, then
+best.json is replaced atomically, then the older files are deleted: a kill
+or a failed write (a full disk) at any moment leaves best.json naming a
+whole checkpoint. Training's checkpoint rotation (`keep_checkpoints`) never
+touches this folder, and a restarted trainer or side-car evaluator reads
+best.json to know the value to beat.
+
+Should best.json name files that are not whole (written by an older ctl, or
+deleted by hand), the training checkpoint of the same step, while it
+exists, has the same contents: readers use it, and a restarted trainer
+copies it back into best/ (`repair`). Without it, the best is lost: a
+restarted trainer's next evaluation keeps a new one.
 """
 
 from collections.abc import Callable, Mapping
@@ -19,11 +26,43 @@ from absl import logging
 
 from ctl import errors
 from ctl import storage
+from ctl.checkpoints import files as checkpoint_files
 from ctl.runtime import workdir as workdir_lib
+
 
 def read(workdir: str) -> dict | None:
   """best.json's content, or None when no best was kept yet."""
   return storage.read_json(workdir_lib.best_record_path(workdir))
+
+
+def _paths(workdir: str, kept: Mapping) -> tuple[str, str]:
+  """(the best's path in best/, the training checkpoint of its step)."""
+  return (os.path.join(workdir_lib.best_dir(workdir), kept['checkpoint']),
+          os.path.join(workdir_lib.checkpoint_dir(workdir),
+                       f'ckpt-{kept["step"]}'))
+
+
+def kept_checkpoint(workdir: str) -> str | None:
+  """The path of the best checkpoint's whole files: in best/, else the
+  training checkpoint of its step; None when no best was kept.
+
+  Raises:
+    CtlError: best.json names files that are not whole, and the training
+      checkpoint of that step is gone too.
+  """
+  kept = read(workdir)
+  if kept is None:
+    return None
+  for path in _paths(workdir, kept):
+    if checkpoint_files.is_whole(path):
+      return path
+  raise errors.CtlError(
+      f'The best checkpoint, {_paths(workdir, kept)[0]} (step '
+      f'{kept["step"]}, {kept["metric"]} {kept["value"]}), is not whole '
+      '(a write that failed, e.g. on a full disk, or files deleted), and '
+      f'{workdir_lib.checkpoint_dir(workdir)} no longer has that step: '
+      'read the latest checkpoint instead (--checkpoint=latest), or train '
+      'on in this workdir, whose next evaluation keeps a new best.')
 
 
 def flat_metrics(results: Mapping) -> dict[str, float]:
@@ -61,9 +100,38 @@ class BestCheckpoint:
     self._pending = None  # A best whose files are being written.
 
   def _kept_value(self) -> float | None:
-    """The value in best.json, when it is of this metric."""
+    """The value in best.json, when it is of this metric and its files
+    are whole or can be repaired (every worker sees the same files, so
+    all decide alike)."""
     kept = read(self._workdir) if self._metric else None
-    return kept['value'] if kept and kept['metric'] == self._metric else None
+    if not kept or kept['metric'] != self._metric:
+      return None
+    if not any(checkpoint_files.is_whole(path)
+               for path in _paths(self._workdir, kept)):
+      return None
+    return kept['value']
+
+  def repair(self) -> None:
+    """Makes best/ whole when best.json names files that are not: copies
+    the training checkpoint of its step back, or says the best is lost
+    (the next evaluation keeps a new one). For the chief, before training.
+    """
+    kept = read(self._workdir)
+    if kept is None:
+      return
+    path, source = _paths(self._workdir, kept)
+    if checkpoint_files.is_whole(path):
+      return
+    if not checkpoint_files.is_whole(source):
+      logging.warning(
+          'The best checkpoint %s that %s names is not whole, and %s is '
+          'gone: that best is lost; the next evaluation keeps a new one.',
+          path, self._record, source)
+      return
+    checkpoint_files.remove_checkpoint(path)
+    checkpoint_files.copy_checkpoint(source, path)
+    logging.warning('The best checkpoint %s that %s names was not whole: '
+                    'copied it back from %s.', path, self._record, source)
 
   @property
   def enabled(self) -> bool:
@@ -126,6 +194,16 @@ class BestCheckpoint:
     if wait is not None:
       wait()
     name = f'ckpt-{step}'
+    path = os.path.join(self._directory, name)
+    if not checkpoint_files.is_whole(path):
+      # Its write failed (wait() raised that error, unless TensorFlow raised
+      # it before), or its files were deleted: best.json keeps naming the
+      # previous best, whose files stay.
+      logging.warning('The best checkpoint of step %d is not whole (its '
+                      'write failed, or its files were deleted): %s still '
+                      'names the previous best, if any.', step, self._record)
+      checkpoint_files.remove_checkpoint(path)
+      return
     storage.write_json(self._record, {
         'step': step, 'checkpoint': name, 'metric': self._metric,
         'mode': self._mode, 'value': value, 'eval': metrics})

@@ -1,16 +1,12 @@
 """A checkpoint's files: copied (hard links where the filesystem has them),
-removed, listed, and found in a workdir (the best, the latest, or one
-named)."""
+removed, listed, and checked whole."""
 
 import os
 
 import tensorflow as tf
 
-from ctl import errors
 from ctl import storage
-from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import manager
-from ctl.runtime import workdir as workdir_lib
 
 
 def copy_checkpoint(source: str, destination: str) -> None:
@@ -38,8 +34,26 @@ def snapshot_checkpoint(source: str, destination: str) -> bool:
 
 
 def remove_checkpoint(prefix: str) -> None:
+  """Removes a checkpoint's files, and what a cut-short write left of it
+  (TensorFlow writes its parts into a <prefix>_temp folder first)."""
   for file in storage.glob(f'{prefix}.*'):
     storage.remove(file)
+  storage.remove(f'{prefix}_temp')
+
+
+def is_whole(prefix: str) -> bool:
+  """Whether checkpoint `prefix` has its index and every data shard.
+
+  TensorFlow writes each file under a temporary name and renames it once
+  complete, the index last: a write that failed (a full disk) or was
+  killed leaves no index, or, when files were deleted afterwards, fewer
+  shards than their names count.
+  """
+  if not storage.exists(f'{prefix}.index'):
+    return False
+  shards = storage.glob(f'{prefix}.data-*-of-*')
+  counts = {name.rsplit('-of-', 1)[1] for name in shards}
+  return len(counts) == 1 and len(shards) == int(counts.pop())
 
 
 def listed(directory: str) -> list[tuple[int, str]]:
@@ -55,25 +69,3 @@ def listed(directory: str) -> list[tuple[int, str]]:
            else os.path.join(directory, path)
            for path in state.all_model_checkpoint_paths]
   return sorted((manager.step_of(path), path) for path in paths)
-
-
-def find(workdir: str, which: str = 'best') -> tuple[str, str]:
-  """(path, 'best' | 'latest' | 'named') of a run's checkpoint.
-
-  Raises:
-    CtlError: there is none.
-  """
-  if which not in ('best', 'latest'):
-    if not storage.exists(f'{which}.index'):
-      raise errors.CtlError(f'Checkpoint {which} does not exist (no '
-                            f'{which}.index).')
-    return which, 'named'
-  if which == 'best':
-    kept = best_lib.read(workdir)
-    if kept is not None:
-      return os.path.join(workdir_lib.best_dir(workdir), kept['checkpoint']), 'best'
-  latest = tf.train.latest_checkpoint(workdir_lib.checkpoint_dir(workdir))
-  if latest is None:
-    raise errors.CtlError(
-        f'{workdir} has no checkpoint ({which}): train first.')
-  return latest, 'latest'

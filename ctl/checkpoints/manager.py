@@ -22,6 +22,7 @@ import tensorflow as tf
 from ctl import errors
 from ctl import storage
 from ctl.checkpoints import contents as checkpoint_contents
+from ctl.runtime import tf_internals
 
 
 class Checkpointer:
@@ -182,10 +183,27 @@ class Checkpointer:
       self._checkpoint.write(os.path.join(self._scratch_directory, 'copy'))
       storage.remove(self._scratch_directory)
 
+  def remove_leftovers(self) -> None:
+    """Removes the ckpt-<step>_temp folders in which TensorFlow wrote the
+    parts of checkpoints that a kill or a failed write cut short (the
+    chief, before training: no save is under way)."""
+    for path in storage.glob(os.path.join(self.directory, 'ckpt-*_temp')):
+      logging.info('Removing %s, left by a checkpoint write that was cut '
+                   'short.', path)
+      storage.remove(path)
+
   def wait(self) -> None:
-    """Returns once every checkpoint saved so far is completely written."""
+    """Returns once every checkpoint saved so far is completely written.
+
+    Raises:
+      The error of a background write that failed (OpError, OSError):
+        TensorFlow would raise it only at the next write, or at exit.
+    """
     if self._options is not None:
       self._checkpoint.sync()
+      error = tf_internals.take_async_checkpoint_error(self._checkpoint)
+      if error is not None:
+        raise error
 
 
 def step_of(path: str) -> int:

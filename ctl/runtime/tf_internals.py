@@ -139,6 +139,23 @@ def abort_collectives(message: str) -> None:
   context.context().abort_collective_ops(tf.errors.DEADLINE_EXCEEDED, message)
 
 
+def take_async_checkpoint_error(
+    checkpoint: tf.train.Checkpoint) -> Exception | None:
+  """The error of the last asynchronous write of `checkpoint` that failed,
+  taken from it; None if none failed. Call after `checkpoint.sync()`.
+
+  TensorFlow's AsyncCheckpointHelper keeps the error of its write thread
+  in `_async_error`; `sync()` does not raise it, the next write does, and
+  otherwise its exit handler, printed as "Exception ignored in atexit
+  callback" after the process's own error.
+  """
+  helper = getattr(checkpoint, '_async_checkpointer_impl', None)
+  error = getattr(helper, '_async_error', None)
+  if error is not None:
+    helper._async_error = None  # pylint: disable=protected-access
+  return error
+
+
 def run_exit_handlers() -> None:
   """Runs the atexit handlers now, before an os._exit that skips them."""
   atexit._run_exitfuncs()  # pylint: disable=protected-access

@@ -141,6 +141,19 @@ class Lock:
           'in another --workdir.') from error
     self._descriptor = descriptor
 
+  def lost(self) -> bool:
+    """Whether the locked folder is no longer at the workdir's path
+    (deleted, moved or replaced, even by a folder of the same name that
+    writes since recreated); False when nothing is locked."""
+    if self._descriptor is None:
+      return False
+    try:
+      now = os.stat(self._workdir)
+    except OSError:
+      return True
+    locked = os.fstat(self._descriptor)
+    return (now.st_dev, now.st_ino) != (locked.st_dev, locked.st_ino)
+
 
 def _lock_holder(path: str) -> str:
   """Who holds the flock on `path`, as /proc/locks and /proc/<pid> tell

@@ -31,6 +31,7 @@ from ctl import storage
 from ctl import task as task_lib
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import files as checkpoint_files
+from ctl.checkpoints import lookup
 from ctl.runtime import workdir as workdir_lib
 from ctl.serving import load as load_lib
 
@@ -128,7 +129,7 @@ def _snapshot(workdir: str, checkpoint: str, directory: str,
     (its path, 'best' | 'latest' | 'named', the snapshot's path).
   """
   for _ in range(attempts):
-    path, which = checkpoint_files.find(workdir, checkpoint)
+    path, which = lookup.find(workdir, checkpoint)
     snapshot = os.path.join(directory, os.path.basename(path))
     if checkpoint_files.snapshot_checkpoint(path, snapshot):
       return path, which, snapshot

@@ -19,7 +19,7 @@ from ctl import errors
 from ctl import storage
 from ctl import task as task_lib
 from ctl.checkpoints import contents as checkpoint_contents
-from ctl.checkpoints import files as checkpoint_files
+from ctl.checkpoints import lookup
 from ctl.cluster import distribution
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
@@ -70,7 +70,7 @@ def load(workdir: str, checkpoint: str = 'best') -> LoadedRun:
       checkpoint does not fit the task.
   """
   config = saved_config(workdir)
-  path, _ = checkpoint_files.find(workdir, checkpoint)
+  path, _ = lookup.find(workdir, checkpoint)
   return restore(config, path)
 
 

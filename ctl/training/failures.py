@@ -20,6 +20,7 @@ whole one resumes the run.
 
 import contextlib
 import errno
+import os
 
 from absl import logging
 import tensorflow as tf
@@ -37,9 +38,12 @@ PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
 
 def explain(error: Exception, *, workdir: str, task: task_lib.Task | None,
             task_info: distribution.Role, timeout_seconds: float,
-            jit_compile: str) -> errors.CtlError | None:
+            jit_compile: str,
+            workdir_lock: workdir_lib.Lock | None = None
+            ) -> errors.CtlError | None:
   """The ctl error that says what `error` means; None for an error ctl
-  cannot explain (it is raised as it is)."""
+  cannot explain (it is raised as it is). workdir_lock: the chief's, which
+  tells a workdir deleted mid-run from one that writes since recreated."""
   found = store_failure(error, workdir)
   if found is not None:
     return found
@@ -53,7 +57,7 @@ def explain(error: Exception, *, workdir: str, task: task_lib.Task | None,
     if found is not None:
       return found
   if isinstance(error, (tf.errors.OpError, OSError)):
-    return storage_failure(error, workdir)
+    return storage_failure(error, workdir, workdir_lock)
   return None
 
 
@@ -145,15 +149,21 @@ def store_failure(error: Exception,
       'again (every worker) to resume from the latest.')
 
 
-def storage_failure(error: Exception, workdir: str) -> errors.CtlError | None:
+def storage_failure(error: Exception, workdir: str,
+                    workdir_lock: workdir_lib.Lock | None = None
+                    ) -> errors.CtlError | None:
   """The error for a full disk or a workdir that vanished mid-run; None for
   other errors. Checkpoints are whole or absent (the state file naming the
   latest is written last), so the latest whole one is kept either way."""
-  if not _present(workdir):
+  if (workdir_lock is not None and workdir_lock.lost()) or not _present(
+      workdir):
+    return workdir_vanished(workdir, errors.summary(error, 300))
+  if _names_missing_file(error, workdir):
     return errors.CtlError(
-        f'The workdir {workdir} vanished during the run (deleted, moved or '
-        f'unmounted): {errors.summary(error, 300)}. Restore it (the latest whole '
-        'checkpoint in it resumes the run) or train in a new --workdir.')
+        f'Files of the workdir {workdir} vanished during the run (deleted '
+        f'by another process?): {errors.summary(error, 300)}. A checkpoint '
+        'whose files are all there is whole: run the same command again to '
+        'resume from the latest of those, or train in a new --workdir.')
   if 'No space left on device' in str(error) or getattr(
       error, 'errno', None) == errno.ENOSPC:
     return errors.CtlError(
@@ -162,6 +172,23 @@ def storage_failure(error: Exception, workdir: str) -> errors.CtlError | None:
         'some space (or lower config.intervals.keep_checkpoints), then run '
         'the same command again to resume from the latest.')
   return None
+
+
+def workdir_vanished(workdir: str, detail: str) -> errors.CtlError:
+  """The error for a workdir deleted, moved or unmounted mid-run."""
+  return errors.CtlError(
+      f'The workdir {workdir} vanished during the run (deleted, moved or '
+      f'unmounted): {detail}. Restore it (the latest whole checkpoint in it '
+      'resumes the run) or train in a new --workdir.')
+
+
+def _names_missing_file(error: Exception, workdir: str) -> bool:
+  """Whether the error says that a file in the workdir does not exist
+  (TensorFlow's checkpoint merge says so in an InvalidArgumentError)."""
+  message = str(error)
+  missing = isinstance(error, (tf.errors.NotFoundError,
+                               FileNotFoundError)) or 'NOT_FOUND' in message
+  return missing and os.path.join(workdir, '') in message
 
 
 def _present(workdir: str) -> bool:

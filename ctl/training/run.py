@@ -88,7 +88,7 @@ def train_and_evaluate(
       failure = failures.explain(
           error, workdir=workdir, task=trainer and trainer.task,
           task_info=task_info, timeout_seconds=timeout_seconds,
-          jit_compile=config.jit_compile)
+          jit_compile=config.jit_compile, workdir_lock=workdir_lock)
       if failure is None:
         raise
       raise failure from error

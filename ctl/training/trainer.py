@@ -36,6 +36,7 @@ from ctl.training import assemble as assemble_lib
 from ctl.training import builtin_actions
 from ctl.training import ema
 from ctl.training import evaluation
+from ctl.training import failures
 from ctl.training import loop as loop_lib
 from ctl.training import loop_plan
 from ctl.training import metric_reading
@@ -118,9 +119,10 @@ class Trainer:
     self.reporter = None  # The report action, once training starts.
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
-    self.evaluation = _Evaluation(self, best_lib.BestCheckpoint(
+    self.best = best_lib.BestCheckpoint(
         workdir, config.evaluation.best_metric, config.evaluation.best_mode,
-        is_chief=task_info.is_chief, reread=task_info.num_workers == 1))
+        is_chief=task_info.is_chief, reread=task_info.num_workers == 1)
+    self.evaluation = _Evaluation(self, self.best)
 
   def _warm_start(self) -> None:
     """Loads config.init_from's model weights; a source whose checkpoint
@@ -176,6 +178,8 @@ class Trainer:
       workdir_lib.prepare(self.workdir)
       self.workdir_lock.acquire()  # A workdir that did not exist before.
       workdir_lib.remove_leftovers(self.workdir)
+      self.checkpointer.remove_leftovers()
+      self.best.repair()
       workdir_lib.save_config(self.workdir, self.config)
     return None
 
@@ -278,7 +282,20 @@ class Trainer:
     checkpoint_contents.weights_checkpoint(self.task).read(path).expect_partial()
     return checkpoint_manager.step_of(path)
 
+  def check_workdir(self) -> None:
+    """Stops the run if the workdir vanished (the chief, which holds its
+    lock): TensorFlow would write the next checkpoint into folders created
+    anew, and the run would go on.
+
+    Raises:
+      CtlError: it was deleted, moved or replaced.
+    """
+    if self.workdir_lock.lost():
+      raise failures.workdir_vanished(
+          self.workdir, 'the folder this run locked is no longer there')
+
   def _save(self, event: actions_lib.Event) -> None:
+    self.check_workdir()
     self.action_states.capture([*self.task_actions, self.reporter],
                                event.requests.get('stop'))
     self.data_positions.save(event.step)
@@ -296,10 +313,13 @@ class Trainer:
       if self.evaluation.last is None:
         self.evaluation.evaluate(int(self.state.step.numpy()))
     finally:
-      # Whatever happened, what was written so far is whole on disk.
-      self.train_writer.close()
-      self.evaluation.close()
-      self.checkpointer.wait()
+      # Whatever happened, what was written so far is whole on disk, and
+      # a background write's error is raised here (not at exit).
+      try:
+        self.train_writer.close()
+        self.evaluation.close()
+      finally:
+        self.checkpointer.wait()
     return {**self.finish(outcome), 'finished_now': True}
 
   def finish(self, outcome: loop_lib.Stopped | None) -> dict:
@@ -337,6 +357,7 @@ class _Evaluation:
   def __init__(self, trainer: Trainer, best: best_lib.BestCheckpoint):
     self._checkpointer = trainer.checkpointer
     self._best = best
+    self._check_workdir = trainer.check_workdir
     self._task, self._strategy = trainer.task, trainer.strategy
     self._ema = None  # Made at the first evaluation (optimizers built).
     self._evaluator = evaluation.Evaluator(
@@ -370,6 +391,7 @@ class _Evaluation:
     # Every worker has the same (all-reduced) results, so all decide alike
     # and take part in the save.
     if self._best.improves(self.last):
+      self._check_workdir()  # Before writing into it.
       self._best.keep(step, self.last, self._checkpointer.write_copy,
                       wait=self._checkpointer.wait)
     return self.last

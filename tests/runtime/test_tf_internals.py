@@ -47,6 +47,42 @@ def test_async_checkpoints_of_keras_variables_need_the_fix(tmp_path):
   assert 'saved twice' in fixed.stdout, fixed.stderr[-2000:]
 
 
+_FAILED_ASYNC_WRITE = '''
+import tensorflow as tf
+from ctl.runtime import tf_internals
+checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+options = tf.train.CheckpointOptions(enable_async=True)
+checkpoint.write('{directory}/ckpt', options=options)  # Its folder exists.
+# A file where its folder would be: the background write fails.
+checkpoint.write('{directory}/file/ckpt', options=options)
+checkpoint.sync()
+print('sync did not raise')
+if {take}:
+  error = tf_internals.take_async_checkpoint_error(checkpoint)
+  print('taken:', type(error).__name__)
+'''
+
+
+def _failed_async_write(directory, take: bool) -> subprocess.CompletedProcess:
+  directory.mkdir()
+  (directory / 'file').write_text('not a folder')
+  code = _FAILED_ASYNC_WRITE.format(directory=directory, take=take)
+  return subprocess.run([sys.executable, '-c', code], capture_output=True,
+                        text=True, timeout=300)
+
+
+def test_a_failed_async_write_is_raised_at_exit_unless_taken(tmp_path):
+  # TensorFlow raises a background write's error at the next write or in
+  # its exit handler, not at sync(); Checkpointer.wait() takes it.
+  untaken = _failed_async_write(tmp_path / 'untaken', take=False)
+  assert 'sync did not raise' in untaken.stdout, untaken.stderr[-2000:]
+  assert 'Exception ignored in atexit callback' in untaken.stderr
+  assert 'FailedPreconditionError' in untaken.stderr
+  taken = _failed_async_write(tmp_path / 'taken', take=True)
+  assert 'taken: FailedPreconditionError' in taken.stdout, taken.stderr[-2000:]
+  assert 'Exception ignored' not in taken.stderr, taken.stderr[-2000:]
+
+
 def test_keras_optimizers_sum_gradients_over_replicas_in_a_method_we_skip():
   optimizer = keras.optimizers.SGD(1.0)
   assert callable(getattr(optimizer, '_all_reduce_sum_gradients', None))

@@ -1,10 +1,12 @@
 """The best checkpoint, and --mode=evaluate, in this process."""
 
 import json
+import shutil
 
 import pytest
 
 from ctl import errors
+from ctl.checkpoints import lookup
 from ctl.training import checkpoint_evaluation
 from ctl.training import run
 import helpers
@@ -84,6 +86,20 @@ def test_a_best_checkpoint_write_cut_short_is_cleared_by_the_next_best(
   assert (tmp_path / 'best' / f'{kept["checkpoint"]}.index').exists()
 
 
+def test_a_checkpoint_write_cut_short_is_removed_by_the_next_run(tmp_path):
+  # A full disk (or a kill) while TensorFlow wrote a checkpoint's parts
+  # left checkpoints/ckpt-<step>_temp, which stayed there for good (on
+  # gs:// an object), unless a later save of that very step replaced it.
+  leftover = tmp_path / 'checkpoints' / 'ckpt-999_temp'
+  leftover.mkdir(parents=True)
+  (leftover / 'part-00000-of-00001.data-00000-of-00001').write_bytes(b'x')
+  run.train_and_evaluate(helpers.digits(1, **{'export.at_end': False}),
+                         str(tmp_path))
+  assert sorted(path.name for path in (tmp_path / 'checkpoints').iterdir()
+                if path.name.startswith('ckpt-')) == [
+                    'ckpt-44.data-00000-of-00001', 'ckpt-44.index']
+
+
 def test_a_new_best_is_logged_at_the_evaluation_that_found_it(tmp_path,
                                                               caplog):
   caplog.set_level('INFO')
@@ -99,3 +115,38 @@ def test_a_new_best_is_logged_at_the_evaluation_that_found_it(tmp_path,
       # The last evaluation before it is the one of its step.
       last = max(i for i in evaluations if i < index)
       assert lines[last].startswith(f'eval at step {step}:'), line
+
+
+def test_a_best_checkpoint_whose_files_were_lost_is_repaired_or_replaced(
+    tmp_path):
+  # best.json naming files that are not whole (an older ctl wrote it after
+  # a failed write on a full disk; or files deleted): readers use the
+  # training checkpoint of that step, a rerun copies it back, and without
+  # it one line says what to do and the next evaluation keeps a new best.
+  fields = {'evaluation.best_metric': 'loss', 'evaluation.best_mode': 'max',
+            'export.at_end': False}  # The first evaluation stays best.
+  run.train_and_evaluate(helpers.digits(2, **fields), str(tmp_path))
+  best = tmp_path / 'best'
+  kept = json.loads((best / 'best.json').read_text())
+  assert kept['step'] == 44
+  (best / 'ckpt-44.data-00000-of-00001').unlink()
+  assert lookup.find(str(tmp_path)) == (
+      str(tmp_path / 'checkpoints' / 'ckpt-44'), 'best')
+  run.train_and_evaluate(helpers.digits(3, **fields), str(tmp_path))
+  assert json.loads((best / 'best.json').read_text()) == kept
+  assert sorted(path.name for path in best.iterdir()) == [
+      'best.json', 'ckpt-44.data-00000-of-00001', 'ckpt-44.index']
+  assert lookup.find(str(tmp_path)) == (str(best / 'ckpt-44'), 'best')
+
+  for path in best.glob('ckpt-44.*'):
+    path.unlink()
+  shutil.rmtree(tmp_path / 'checkpoints')
+  (tmp_path / 'results.json').unlink()
+  with pytest.raises(errors.CtlError, match=(
+      r'best/ckpt-44 \(step 44, loss .*\), is not whole .*'
+      r'\(--checkpoint=latest\)')):
+    lookup.find(str(tmp_path))
+  results = run.train_and_evaluate(helpers.digits(1, **fields), str(tmp_path))
+  new = json.loads((best / 'best.json').read_text())
+  assert (new['step'], new['value']) == (44, results['eval']['loss'])
+  assert lookup.find(str(tmp_path)) == (str(best / 'ckpt-44'), 'best')
