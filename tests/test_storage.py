@@ -75,7 +75,7 @@ _ALLOWED = {
     'ctl/training/speed.py': ("open('/proc",),
     # A trial's output file: a process writes it, so it is local by
     # construction (copied to a remote workdir when the trial exits).
-    'ctl/sweep/__main__.py': ('open(_local_log',),
+    'ctl/sweep/trials.py': ('open(self._local_log',),
 }
 _FILE_ACCESS = re.compile(
     r'\bos\.path\.(exists|isdir|isfile|getsize|getmtime)\(|\bshutil\.\w+\('

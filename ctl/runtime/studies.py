@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from ctl import errors
+from ctl import storage
 
 SEARCH = 'ctl.search'  # The study's user attribute describing its search.
 
@@ -46,7 +47,7 @@ def open_storage(url: str):
   try:
     if '://' not in url:
       from optuna.storages import journal  # pylint: disable=g-import-not-at-top
-      os.makedirs(os.path.dirname(url), exist_ok=True)
+      storage.makedirs(os.path.dirname(url))
       return journal.JournalStorage(journal.JournalFileBackend(url))
     engine_kwargs = {}
     if url.startswith('postgresql'):

@@ -35,7 +35,6 @@ import dataclasses
 import os
 import signal
 import sys
-import tempfile
 import time
 
 from absl import app
@@ -200,7 +199,7 @@ class _Runner:
 
   def _start(self, trial: trials_lib.Trial) -> None:
     storage.makedirs(trial.workdir)
-    log = open(_local_log(trial), 'a')  # pylint: disable=consider-using-with
+    log = trial.open_log()
     log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: '
               f'{" ".join(trial.command)}\n')
     log.flush()
@@ -212,7 +211,7 @@ class _Runner:
     for process in [p for p in self._running if p.poll() is not None]:
       trial, started, log = self._running.pop(process)
       log.close()
-      _publish_log(trial)
+      trial.publish_log()
       record = trial.record()
       record.update(
           overrides=trial.overrides, exit_code=process.returncode,
@@ -234,25 +233,6 @@ class _Runner:
     self._stop_requested = True
     for process in self._running:
       process.send_signal(signal.SIGTERM)
-
-
-def _local_log(trial: trials_lib.Trial) -> str:
-  """The file a trial's output goes to: its workdir's log.txt, or for a
-  workdir on an object store (which cannot take a process's output) a
-  local file, copied there when the trial exits."""
-  if storage.is_local(trial.workdir):
-    return os.path.join(trial.workdir, 'log.txt')
-  return os.path.join(tempfile.gettempdir(),
-                      f'ctl-sweep-{os.getpid()}-{trial.name}.log')
-
-
-def _publish_log(trial: trials_lib.Trial) -> None:
-  if storage.is_local(trial.workdir):
-    return  # Written in place.
-  local = _local_log(trial)
-  storage.append_text(os.path.join(trial.workdir, 'log.txt'),
-                      storage.read_text(local) or '')
-  storage.remove(local)
 
 
 def _say(message: str) -> None:

@@ -193,7 +193,7 @@ class Runner:
   def _start(self, number: int, overrides: dict[str, Any]) -> None:
     trial = self._trial(number, overrides)
     storage.makedirs(trial.workdir)
-    log = open(os.path.join(trial.workdir, 'log.txt'), 'a')  # pylint: disable=consider-using-with
+    log = trial.open_log()
     log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: '
               f'{" ".join(trial.command)}\n')
     log.flush()
@@ -223,6 +223,7 @@ class Runner:
     for process in [p for p in self._running if p.poll() is not None]:
       number, trial, started, log = self._running.pop(process)
       log.close()
+      trial.publish_log()
       record = trial.record()
       record.update(overrides=trial.overrides, exit_code=process.returncode,
                     wall_seconds=record.get('wall_seconds', 0.0) +

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,28 @@ class Trial:
   def record(self) -> dict:
     """trial.json: what the runner knows of this trial (exit code, time)."""
     return storage.read_json(os.path.join(self.workdir, 'trial.json')) or {}
+
+  def open_log(self):
+    """The file the trial's process writes its output to, for appending:
+    its workdir's log.txt, or for a workdir on an object store (which
+    cannot take a process's output) a local file, published there by
+    publish_log when the trial exits."""
+    return open(self._local_log(), 'a')  # pylint: disable=consider-using-with
+
+  def publish_log(self) -> None:
+    """Copies a remote workdir's local log into its log.txt."""
+    if storage.is_local(self.workdir):
+      return  # Written in place.
+    local = self._local_log()
+    storage.append_text(os.path.join(self.workdir, 'log.txt'),
+                        storage.read_text(local) or '')
+    storage.remove(local)
+
+  def _local_log(self) -> str:
+    if storage.is_local(self.workdir):
+      return os.path.join(self.workdir, 'log.txt')
+    return os.path.join(tempfile.gettempdir(),
+                        f'ctl-sweep-{os.getpid()}-{self.name}.log')
 
 
 def load_sweep(sweep_file: str) -> tuple[hyper.Sweep, str]:

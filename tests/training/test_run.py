@@ -99,8 +99,10 @@ def test_a_config_that_cuts_epochs_differently_is_refused(tmp_path):
 def test_a_diverging_loss_stops_before_saving(tmp_path):
   run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
   before = helpers.file_stamps(tmp_path)
-  # The first loop after a (re)start is one step: divergence is exact there.
-  with pytest.raises(errors.CtlError, match=r'diverged at step 45\.'):
+  # A resumed run's loops end where an uninterrupted run's do (the summary
+  # interval, 11): the loop of steps 45..55 diverged, nothing after 44 saved.
+  with pytest.raises(errors.CtlError, match=r'diverged in steps 45\.\.55\. '
+                     r'Nothing was saved after step 44\.'):
     run.train_and_evaluate(helpers.digits(num_epochs=2,
                                      loss='user_modules:nan_loss'),
                              str(tmp_path))
