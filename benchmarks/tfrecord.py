@@ -203,15 +203,9 @@ def bytes_read() -> int:
 
 
 def pipeline_rate(directory: str, order: str, num_workers: int,
-                  batches: int = 600) -> tuple[float, float]:
+                  batches: int = 600) -> float:
   """Examples per second that one worker's pipeline yields alone, nothing
-  training: how fast it reads, parses and batches its share; and the
-  records it read from the files per record it yielded (bytes read over
-  the bytes of the records yielded, the read-ahead included)."""
-  files = tf.io.gfile.glob(os.path.join(directory, 'train-*'))
-  record_bytes = sum(os.path.getsize(path) for path in files) / (
-      ELASTIC_COPIES * 1438)  # Every record is of one size.
-  before = bytes_read()
+  training: how fast it reads, parses and batches its share."""
   dataset, _ = _worker_pipeline(directory, order, num_workers)
   iterator = iter(dataset)
   for _ in range(50):  # Warm: files opened, threads started.
@@ -219,9 +213,24 @@ def pipeline_rate(directory: str, order: str, num_workers: int,
   start = time.perf_counter()
   for _ in range(batches):
     next(iterator)
-  rate = 32 * batches / (time.perf_counter() - start)
-  read = (bytes_read() - before) / record_bytes / (32 * (batches + 50))
-  return rate, read
+  return 32 * batches / (time.perf_counter() - start)
+
+
+def records_read(directory: str, num_workers: int, passes: int = 10
+                 ) -> float:
+  """Records that worker 0 of num_workers reads from the files, in the
+  global order, per record it trains on, over `passes` passes from step
+  0: the bytes this process read while iterating (the read-ahead
+  included: each file opened reads up to 256 KB at once) over those of
+  the records yielded."""
+  files = tf.io.gfile.glob(os.path.join(directory, 'train-*'))
+  records = ELASTIC_COPIES * 1438
+  record_bytes = sum(os.path.getsize(path) for path in files) / records
+  dataset, batch = _worker_pipeline(directory, 'global', num_workers)
+  steps = passes * (records // batch)
+  before = bytes_read()
+  yielded = sum(1 for _ in dataset.take(steps)) * 32
+  return (bytes_read() - before) / record_bytes / yielded
 
 
 MIXING_BATCH = 256  # 8 workers of 32.
