@@ -443,8 +443,9 @@ def _tfrecord() -> tuple[str, list[Target]]:
 
 def _elastic() -> tuple[str, list[Target]]:
   """TFRecord files in the global order (the default) against by_file: ctl
-  training with each, in turns; one worker's pipeline alone for 1 to 8
-  workers; a restart's seconds to its first batch (benchmarks/tfrecord.py)."""
+  training with each, in turns; one worker's pipeline alone for 1 to 16
+  workers, and the records it reads; a restart's seconds to its first
+  batch; how well mixed the batches are (benchmarks/tfrecord.py)."""
   from benchmarks import tfrecord  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as directory:
     tfrecord.write_shards(directory)
@@ -458,33 +459,69 @@ def _elastic() -> tuple[str, list[Target]]:
     }, tfrecord.load_config().batch_size)
   with tempfile.TemporaryDirectory() as directory:
     tfrecord.write_elastic_shards(directory)
-    rates = [(workers, *(statistics.median(
-        tfrecord.pipeline_rate(directory, order, workers)
-        for _ in range(_REPETITIONS.value)) for order in ('global', 'by_file')))
-             for workers in (1, 2, 4, 8)]
+    samples = {}  # Interleaved: each pair measured under the same load.
+    for _ in range(_REPETITIONS.value):
+      for workers in (1, 2, 4, 8, 16):
+        for order in ('global', 'by_file'):
+          samples.setdefault((workers, order), []).append(
+              tfrecord.pipeline_rate(directory, order, workers))
+    rates = {key: statistics.median(values) for key, values in
+             samples.items()}
+    paired = {workers: statistics.median(
+        mine / theirs for mine, theirs in zip(samples[workers, 'global'],
+                                              samples[workers, 'by_file']))
+              for workers in (1, 2, 4, 8, 16)}
+    reads = {workers: tfrecord.records_read(directory, workers)
+             for workers in (1, 2, 4, 8, 16)}
     restarts = {order: statistics.median(
         tfrecord.restart_seconds(directory, order)
         for _ in range(_REPETITIONS.value)) for order in ('global', 'by_file')}
+  with tempfile.TemporaryDirectory() as directory:
+    pattern = tfrecord.write_id_shards(directory)
+    mixing = {order: tfrecord.mixing(pattern, order)
+              for order in ('global', 'global_0.2.0', 'by_file', 'full')}
   table = _table(f'TFRecord files in the global order against by_file: the '
                  f'digits CNN on {tfrecord.NUM_SHARDS} shards, Adam, batch 32, '
                  'no XLA; steps/s of each window', measured)
   lines = [
       f'One worker\'s pipeline alone (no training), 32 examples per worker, '
       f'on {tfrecord.ELASTIC_SHARDS} shards of the digits '
-      f'{tfrecord.ELASTIC_COPIES} times over (71,900 records); examples/s, '
-      'median:', '',
+      f'{tfrecord.ELASTIC_COPIES} times over (71,900 records; the global '
+      f'order in {tfrecord.ELASTIC_SHARDS} partitions); examples/s, median, '
+      'and the median of paired ratios (interleaved repetitions); '
+      'and records worker 0 read from the files per record it trained on '
+      'over 10 passes (bytes read, the read-ahead included):', '',
       '| workers | global | by_file | global / by_file | records read per '
       'record trained (global) |', '| --- | --- | --- | --- | --- |']
-  for workers, global_rate, by_file_rate in rates:
-    lines.append(f'| {workers} | {global_rate:,.0f} | {by_file_rate:,.0f} | '
-                 f'{global_rate / by_file_rate:.2f} | {workers} |')
+  for workers in (1, 2, 4, 8, 16):
+    lines.append(f'| {workers} | {rates[workers, "global"]:,.0f} | '
+                 f'{rates[workers, "by_file"]:,.0f} | '
+                 f'{paired[workers]:.2f} | {reads[workers]:.3f} |')
   lines += ['', 'A restart, seconds from building the pipeline to its first '
             'batch at the last step of a pass (2 workers, worker 0), '
             f'median: global (seeks by the step) {restarts["global"]:.2f} s; '
             'by_file (restores the saved iterator) '
-            f'{restarts["by_file"]:.2f} s.']
+            f'{restarts["by_file"]:.2f} s.', '',
+            f'How well mixed a pass\'s global batches of '
+            f'{tfrecord.MIXING_BATCH} are (config\'s shuffle_buffer and '
+            f'cycle_length; {tfrecord.ELASTIC_SHARDS} files of records in '
+            'sequence): source files in a batch, mean; pairs of a batch\'s '
+            f'records within {tfrecord.NEAR} records of each other in the '
+            'files:', '', '| order | files per batch | pairs within '
+            f'{tfrecord.NEAR} |', '| --- | --- | --- |']
+  for order, name in (('global', 'global (default partitions)'),
+                      ('global_0.2.0', 'global of ctl 0.2.0 (1 partition)'),
+                      ('by_file', 'by_file (8 workers)'),
+                      ('full', 'a full shuffle of the pass')):
+    files, near = mixing[order]
+    lines.append(f'| {name} | {files:.1f} | {near:.2%} |')
+  pipelines_8 = paired[8]
   return f'{table}\n\n' + '\n'.join(lines), [
-      Target('TFRecord training speed: global order / by_file', ratio, 0.97)]
+      Target('TFRecord training speed: global order / by_file', ratio, 0.97),
+      Target('records read per record trained, 8 pipelines', reads[8], 1.1,
+             at_most=True, unit=''),
+      Target('one worker\'s pipeline at 8 pipelines / by_file', pipelines_8,
+             0.95)]
 
 
 def _checkpoints() -> tuple[str, list[Target]]:

@@ -23,14 +23,17 @@ milliseconds (the training thread waits for it) and bytes on disk.
 
 The global order against by_file (`--sections=elastic`): ctl's training
 speed with each, in turns; one worker's pipeline alone, in examples per
-second, for 1 to 8 workers (in the global order each reads every record);
-and the seconds from a restart to the first batch at the resumed step.
+second and records read from the files per record yielded, for 1 to 16
+workers (in the global order each reads only its own partitions); how
+well mixed a pass's global batches are in each order (`mixing`); and the
+seconds from a restart to the first batch at the resumed step.
 """
 
 import dataclasses
 import importlib.util
 import os
 import pathlib
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -193,6 +196,12 @@ def _worker_pipeline(directory: str, order: str, num_workers: int,
   return data, batch
 
 
+def bytes_read() -> int:
+  """The bytes this process has read from files so far (Linux's rchar)."""
+  with open('/proc/self/io', encoding='ascii') as io:
+    return int(re.search(r'rchar: (\d+)', io.read())[1])
+
+
 def pipeline_rate(directory: str, order: str, num_workers: int,
                   batches: int = 600) -> float:
   """Examples per second that one worker's pipeline yields alone, nothing
@@ -205,6 +214,85 @@ def pipeline_rate(directory: str, order: str, num_workers: int,
   for _ in range(batches):
     next(iterator)
   return 32 * batches / (time.perf_counter() - start)
+
+
+def records_read(directory: str, num_workers: int, passes: int = 10
+                 ) -> float:
+  """Records that worker 0 of num_workers reads from the files, in the
+  global order, per record it trains on, over `passes` passes from step
+  0: the bytes this process read while iterating (the read-ahead
+  included: each file opened reads up to 256 KB at once) over those of
+  the records yielded."""
+  files = tf.io.gfile.glob(os.path.join(directory, 'train-*'))
+  records = ELASTIC_COPIES * 1438
+  record_bytes = sum(os.path.getsize(path) for path in files) / records
+  dataset, batch = _worker_pipeline(directory, 'global', num_workers)
+  steps = passes * (records // batch)
+  before = bytes_read()
+  yielded = sum(1 for _ in dataset.take(steps)) * 32
+  return (bytes_read() - before) / record_bytes / yielded
+
+
+MIXING_BATCH = 256  # 8 workers of 32.
+NEAR = 512  # Records: the config's shuffle buffer.
+
+
+def write_id_shards(directory: str) -> str:
+  """ELASTIC_SHARDS files of records holding only their position (an
+  id, 0.. across the files), as many as the elastic shards; their glob."""
+  per_file = ELASTIC_COPIES * 1438 // ELASTIC_SHARDS
+  for index in range(ELASTIC_SHARDS):
+    with tf.io.TFRecordWriter(os.path.join(
+        directory, f'ids-{index:02}.tfrecord')) as writer:
+      for record_id in range(index * per_file, (index + 1) * per_file):
+        writer.write(tf.train.Example(features=tf.train.Features(feature={
+            'id': tf.train.Feature(int64_list=tf.train.Int64List(
+                value=[record_id]))})).SerializeToString())
+  return os.path.join(directory, 'ids-*.tfrecord')
+
+
+def mixing(pattern: str, order: str) -> tuple[float, float]:
+  """How well mixed one pass's global batches of MIXING_BATCH are, in an
+  order: 'global' (ctl's, its default partitions), 'global_0.2.0' (one
+  partition: ctl 0.2.0's), 'by_file' (8 workers' shares side by side),
+  'full' (a uniform shuffle of the pass). Returns the mean number of
+  source files in a batch (of ELASTIC_SHARDS), and the share of pairs of
+  a batch's records that lie within NEAR records of each other in the
+  files (a uniform shuffle: about 2 * NEAR / records)."""
+  config = load_config().data.tfrecord
+  source = tfrecord.TFRecordSource(
+      pattern, {'id': tf.io.FixedLenFeature([], tf.int64)})
+  decode = lambda features, seed: features['id']
+  if order == 'full':
+    ids = np.random.default_rng(0).permutation(len(source))
+  elif order.startswith('global'):
+    batches = source.global_batches(
+        decode=decode, shuffle_buffer=config.shuffle_buffer,
+        cycle_length=config.cycle_length,
+        partitions=1 if order == 'global_0.2.0' else 0)
+    steps = batches.steps_per_pass(MIXING_BATCH)
+    ids = np.concatenate(list(batches.dataset(
+        tf.distribute.InputContext(), global_batch_size=MIXING_BATCH,
+        seed=0, first_step=0).take(steps).as_numpy_iterator()))
+  else:
+    shares = []
+    for worker in range(8):
+      context = tf.distribute.InputContext(8, worker, 8)
+      steps = source.steps_per_epoch(context, MIXING_BATCH // 8)
+      shares.append(list(source.train_dataset(
+          context, per_replica_batch_size=MIXING_BATCH // 8, seed=0,
+          decode=decode, shuffle_buffer=config.shuffle_buffer,
+          cycle_length=config.cycle_length).take(steps).as_numpy_iterator()))
+    ids = np.concatenate([np.concatenate(step) for step in zip(*shares)])
+  per_file = len(source) // ELASTIC_SHARDS
+  files, near = [], []
+  for batch in ids[:len(ids) // MIXING_BATCH * MIXING_BATCH].reshape(
+      -1, MIXING_BATCH):
+    files.append(len(set(batch // per_file)))
+    gaps = np.abs(batch[:, None] - batch[None, :])
+    near.append(((gaps < NEAR).sum() - MIXING_BATCH) /
+                (MIXING_BATCH * (MIXING_BATCH - 1)))
+  return float(np.mean(files)), float(np.mean(near))
 
 
 def restart_seconds(directory: str, order: str, num_workers: int = 2

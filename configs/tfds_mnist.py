@@ -58,10 +58,15 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.data.tfds.feature_scale = 1 / 255
   # 'global': one order of records and global batches whatever the
   # number of workers; the position is the step, so a run resumes on
-  # another number of workers (each worker reads every record and keeps
-  # its share). 'by_file': each worker reads only its own files; its
-  # position is saved, and a resume needs the same number of workers.
+  # another number of workers (of those that divide the partitions; each
+  # worker reads only its own partitions' files). 'by_file': each worker
+  # reads only its own files; its position is saved, and a resume needs
+  # the same number of workers.
   config.data.tfds.order = 'global'
+  # The global order's partitions (whole files each): the numbers of
+  # workers that divide it can run the job. 0: the most that divide the
+  # batch, at most one per file. 1: ctl 0.2.0's global order.
+  config.data.tfds.partitions = 0
   # Serialized records shuffled at once, each block of this many.
   config.data.tfds.shuffle_buffer = 1024
   config.data.tfds.cycle_length = 4  # Files read at once (ahead).

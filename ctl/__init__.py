@@ -5,7 +5,8 @@ What a user's code needs, importable as `ctl.<name>`:
     ctl.Task, ctl.StepContext     the task API (ctl/task.py)
     ctl.InMemory                  arrays that ctl batches and resumes exactly
     ctl.TFRecordSource            TFRecord files; .global_batches() resumes on
-                                  any number of workers (ctl/data/tfrecord.py)
+                                  any number of workers that divides its
+                                  partitions (ctl/data/tfrecord.py)
     ctl.Image, ctl.Histogram      eval_end results shown in TensorBoard
     ctl.Action, ctl.When,         work between loops of steps, and what it
     ctl.Event                     sees and requests (ctl/actions.py)

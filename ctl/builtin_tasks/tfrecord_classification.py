@@ -54,7 +54,8 @@ class TFRecordClassification(classification.Classification):
       self._steps_per_pass = None  # ctl counts global batches.
       return source.global_batches(decode=self._decode,
                                    shuffle_buffer=settings.shuffle_buffer,
-                                   cycle_length=settings.cycle_length)
+                                   cycle_length=settings.cycle_length,
+                                   partitions=settings.get('partitions', 0))
     if settings.order != 'by_file':
       raise errors.ConfigError(
           f"config.data.{self._reading_key}.order={settings.order!r}: use "
@@ -93,7 +94,8 @@ class TFRecordClassification(classification.Classification):
   _reading_key = 'tfrecord'  # config.data's section of the settings below.
 
   def _reading(self) -> ml_collections.ConfigDict:
-    """The config section of order, shuffle_buffer, cycle_length, shift."""
+    """The config section of order, shuffle_buffer, cycle_length,
+    partitions, shift."""
     return self.config.data[self._reading_key]
 
   def _decode(self, features, seed):

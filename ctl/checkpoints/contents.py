@@ -32,16 +32,20 @@ def checkpoint_of(task: task_lib.Task, state,
 # from such a checkpoint, they keep their initial values (0 workers: not
 # known; no action has a state yet).
 SINCE_0_2_0 = ('num_workers', 'actions')
+# And what one of 0.2.0 lacks: read from it, they keep their initial values
+# (0 partitions: the global order of 0.2.0, ctl/training/state.py).
+AFTER_0_2_0 = ('data_partitions',)
 
 
 def readable_part(checkpoint: tf.train.Checkpoint,
                   path: str) -> tf.train.Checkpoint:
-  """checkpoint, less its parts of SINCE_0_2_0 that checkpoint `path` lacks
-  (ctl 0.1.0 wrote it), so that reading it checks everything else."""
+  """checkpoint, less its parts of SINCE_0_2_0 and AFTER_0_2_0 that
+  checkpoint `path` lacks (an earlier ctl wrote it), so that reading it
+  checks everything else."""
   saved = _saved_parts(path)
   parts = {name: value for name, value in vars(checkpoint).items()
            if not name.startswith('_')}  # The constructor's keywords.
-  absent = [name for name in SINCE_0_2_0 if name in parts and
+  absent = [name for name in SINCE_0_2_0 + AFTER_0_2_0 if name in parts and
             name not in saved]
   if not absent:
     return checkpoint

@@ -5,10 +5,12 @@ Three kinds, one interface (used inside ctl's tf.functions):
   worker's pipeline, read through a plain iterator, yields each loop's
   example indices, a pure function of (seed, step), and each replica
   gathers its batch.
-- `GlobalOrderInput`: files read in one global order
-  (`ctl.data.tfrecord.GlobalBatches`, from TFRecord or TFDS). The position
-  is the step too: each worker's pipeline starts at the resumed step's
-  global batch, whatever the number of workers that wrote the checkpoint.
+- `GlobalOrderInput`: files read in one global order over a fixed number
+  of partitions (`ctl.data.tfrecord.GlobalBatches`, from TFRecord or
+  TFDS), each worker reading its own. The position is the step too: each
+  worker's pipeline starts at the resumed step's global batch, whatever
+  the number of workers (of those that divide the partitions) that wrote
+  the checkpoint.
 - `DatasetInput`: a task's own tf.data.Dataset of per-replica batches, any
   structure. Each worker reads its dataset through a plain iterator, whose
   state is checkpointed: the iterators of `distribute_datasets_from_function`
@@ -40,6 +42,7 @@ class InMemoryInput:
   kind = 'in-memory data'
   checkpointable = {}  # The step is the position: nothing else to save.
   dataset = None  # No pipeline of the task's own.
+  partitions = None  # Not files in the global order.
 
   def __init__(self, strategy: tf.distribute.Strategy,
                data: in_memory.InMemory, *, context: tf.distribute.InputContext,
@@ -95,6 +98,7 @@ class DatasetInput:
   """Per-replica batches from each worker's own tf.data.Dataset."""
 
   kind = "the task's tf.data pipeline"
+  partitions = None  # Not files in the global order.
 
   def __init__(self, strategy: tf.distribute.Strategy,
                dataset: tf.data.Dataset, num_local_replicas: int):
@@ -132,6 +136,8 @@ class GlobalOrderInput(DatasetInput):
                context: tf.distribute.InputContext, seed: int,
                global_batch_size: int, num_local_replicas: int):
     # pylint: disable=super-init-not-called
+    data.check_workers(context.num_input_pipelines, global_batch_size)
+    self.partitions = data.partitions(global_batch_size)
     self._strategy = strategy
     self._num_local_replicas = num_local_replicas
     self._data = data

@@ -29,6 +29,9 @@ class TrainState:
     self.step_in_epoch = self._counter('step_in_epoch')
     # How many workers trained up to the checkpoint (0: not recorded).
     self.num_workers = self._counter('num_workers')
+    # The partitions of files in the global order (0: other data, or a
+    # checkpoint of ctl 0.2.0, whose order is the one of 1 partition).
+    self.data_partitions = self._counter('data_partitions')
 
   @staticmethod
   def _counter(name: str) -> tf.Variable:
@@ -48,7 +51,8 @@ class TrainState:
   def checkpointable(self) -> dict[str, tf.Variable]:
     return {'step': self.step, 'epoch': self.epoch,
             'step_in_epoch': self.step_in_epoch,
-            'num_workers': self.num_workers}
+            'num_workers': self.num_workers,
+            'data_partitions': self.data_partitions}
 
   def check_resumable(self, steps_per_epoch: int) -> None:
     """Fails if the config cuts epochs differently from the checkpoint's."""
@@ -89,6 +93,36 @@ def note_workers(state: TrainState, num_workers: int,
                  'same data order (%s: the position is the step).',
                  num_workers, written_by, data_kind)
   state.num_workers.assign(num_workers)
+
+
+def note_partitions(state: TrainState, partitions: int | None,
+                    checkpoints: str) -> None:
+  """Checks that a resumed checkpoint read files in the global order in
+  as many partitions as this job (partitions; None: other data), and
+  records them for the next checkpoint; checkpoints: the directory, for
+  the message.
+
+  Raises:
+    ConfigError: another number, which would give other global batches.
+  """
+  recorded = int(state.data_partitions.numpy())
+  step = int(state.step.numpy())
+  if partitions and step and recorded != partitions and (recorded or
+                                                          partitions != 1):
+    written = (f'was written by ctl 0.2.0 or earlier, whose global order of '
+               'the files is this one with 1 partition (every worker read '
+               'every record)' if not recorded else
+               f'read the files in {recorded} partitions')
+    raise errors.ConfigError(
+        f'The checkpoint of step {step} {written}, and this job reads them '
+        f'in {partitions}: the global batches would differ. Nothing was '
+        f'written. Resume with partitions={recorded or 1} '
+        '(config.data.tfrecord.partitions or config.data.tfds.partitions, '
+        'or global_batches(partitions=...) in a task of your own)'
+        f'{" on 1 worker" if not recorded else ""}, or train in a new '
+        '--workdir starting from these weights with --config.init_from='
+        f'{checkpoints}')
+  state.data_partitions.assign(partitions or 0)
 
 
 def check_batch_sizes(config: ml_collections.ConfigDict,

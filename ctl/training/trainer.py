@@ -160,6 +160,8 @@ class Trainer:
       self._warm_start()
     if self.task_info.num_workers > 1:
       state_lib.check_workers_agree(self.strategy, self.state)
+    state_lib.note_partitions(self.state, self.train_input.partitions,
+                              workdir_lib.checkpoint_dir(self.workdir))
     state_lib.note_workers(self.state, self.task_info.num_workers,
                            self.train_input.kind)
     step = int(self.state.step.numpy())

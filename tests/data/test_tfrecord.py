@@ -494,24 +494,95 @@ def _global_batches(batches: tfrecord.GlobalBatches, *, num_pipelines: int,
 
 
 def test_global_batches_are_the_same_on_any_number_of_pipelines(tmp_path):
-  # 5 files of 37 records: 15 global batches of 12 a pass, 5 left out.
-  source = tfrecord.TFRecordSource(_write_files(tmp_path, 5, 37), SPEC)
+  # 12 files of 19 records in 6 partitions of 2 files: 19 global batches
+  # of 12 a pass, each 2 records of each partition.
+  source = tfrecord.TFRecordSource(_write_files(tmp_path, 12, 19), SPEC)
   batches = source.global_batches(decode=_decode, shuffle_buffer=16,
-                                  cycle_length=3)
-  assert batches.steps_per_pass(12) == 15
+                                  cycle_length=3, partitions=6)
+  assert batches.steps_per_pass(12) == 19
+  assert batches.worker_counts(12) == [1, 2, 3, 6]
   reference = _global_batches(batches, num_pipelines=1, num_replicas=1,
-                              first_step=0, num_steps=40)
-  first_pass = np.concatenate([labels for _, labels in reference[:15]])
-  assert len(set(first_pass)) == 180  # No record twice in a pass.
-  second_pass = np.concatenate([labels for _, labels in reference[15:30]])
+                              first_step=0, num_steps=45)
+  first_pass = np.concatenate([labels for _, labels in reference[:19]])
+  assert len(set(first_pass)) == 228  # No record twice in a pass.
+  second_pass = np.concatenate([labels for _, labels in reference[19:38]])
   assert list(first_pass) != list(second_pass)  # Reshuffled.
   # From the start, mid-block, at a pass's last step and after it.
-  for pipelines, replicas, first_step in ((2, 2, 0), (3, 3, 7), (2, 4, 14),
-                                          (1, 3, 17), (3, 3, 30)):
+  for pipelines, replicas, first_step in ((2, 2, 0), (3, 3, 7), (2, 4, 18),
+                                          (1, 3, 20), (6, 6, 30)):
     got = _global_batches(batches, num_pipelines=pipelines,
                           num_replicas=replicas, first_step=first_step,
-                          num_steps=40 - first_step)
+                          num_steps=45 - first_step)
     for step, (images, labels) in enumerate(got, start=first_step):
       want_images, want_labels = reference[step]
       np.testing.assert_array_equal(labels, want_labels)
       np.testing.assert_array_equal(images, want_images)  # The noise too.
+
+
+def test_other_numbers_of_workers_and_partitions_are_refused(tmp_path):
+  source = tfrecord.TFRecordSource(_write_files(tmp_path, 12, 19), SPEC)
+  batches = source.global_batches(decode=_decode, partitions=6)
+  with pytest.raises(errors.ConfigError, match=(
+      r'read in 6 partitions, which 4 workers cannot share .* divides 6: '
+      r'1, 2, 3, 6 \(a run resumes')):
+    batches.dataset(_context(0, 4), global_batch_size=12, seed=0,
+                    first_step=0)
+  for partitions, batch in ((5, 12), (13, 13)):  # Not dividing; > files.
+    with pytest.raises(errors.ConfigError, match=(
+        f'cannot be read in {partitions} partitions with a global batch of '
+        f'{batch}')):
+      source.global_batches(decode=_decode, partitions=partitions
+                            ).steps_per_pass(batch)
+  # By default, the most that divide the batch, at most one per file.
+  assert source.global_batches(decode=_decode).partitions(12) == 12
+  assert source.global_batches(decode=_decode).partitions(32) == 8
+
+
+def _bytes_read() -> int:
+  """The bytes this process has read from files so far (Linux's rchar)."""
+  with open('/proc/self/io', encoding='ascii') as io:
+    return int(re.search(r'rchar: (\d+)', io.read())[1])
+
+
+@pytest.mark.parametrize('num_pipelines', [1, 2, 4, 8])
+def test_each_pipeline_reads_only_the_records_it_trains_on(tmp_path,
+                                                           num_pipelines):
+  """Bytes read from the files by each pipeline of a job of 40 passes,
+  over the bytes of the records its replicas train on: at most 1.1 (the
+  excess: tf.data's buffers and the files they open read ahead at the
+  end, and a few hundred bytes read at each file opened, so records of
+  2 KB). The global order of ctl
+  0.2.0 read num_pipelines times them."""
+  record = tf.train.Example(features=tf.train.Features(feature={
+      'image': tf.train.Feature(bytes_list=tf.train.BytesList(
+          value=[bytes(2000)])),
+      'label': tf.train.Feature(int64_list=tf.train.Int64List(
+          value=[2**20]))})).SerializeToString()
+  for index in range(32):  # Each record of the same size: 3-byte labels.
+    with tf.io.TFRecordWriter(str(tmp_path / f'part-{index:02}.tfrecord')
+                              ) as writer:
+      for label in range(2**20 + index * 16, 2**20 + index * 16 + 16):
+        example = tf.train.Example.FromString(record)
+        example.features.feature['label'].int64_list.value[0] = label
+        writer.write(example.SerializeToString())
+  on_disk = len(record) + 16  # Length, its CRC, the record, its CRC.
+  source = tfrecord.TFRecordSource(str(tmp_path / 'part-*.tfrecord'), SPEC)
+  batches = source.global_batches(
+      decode=lambda features, seed: (features['image'], features['label']))
+  assert batches.partitions(32) == 32 and batches.steps_per_pass(32) == 16
+  steps = 40 * 16
+  next(iter(batches.dataset(_context(), global_batch_size=32, seed=0,
+                            first_step=0)))  # Everything imported.
+  trained = []
+  for pipeline in range(num_pipelines):
+    before = _bytes_read()
+    labels = _labels(batches.dataset(
+        _context(pipeline, num_pipelines), global_batch_size=32, seed=0,
+        first_step=0).take(steps))
+    ratio = (_bytes_read() - before) / (len(labels) * on_disk)
+    print(f'pipeline {pipeline} of {num_pipelines}: {ratio:.3f} records '
+          'read per record trained')
+    assert len(labels) == steps * 32 // num_pipelines
+    assert 1 <= ratio <= 1.1, (pipeline, ratio)
+    trained += labels
+  assert len(set(trained)) == 512  # Every record, each by one pipeline.
