@@ -32,8 +32,8 @@ def checkpoint_of(task: task_lib.Task, state,
 # from such a checkpoint, they keep their initial values (0 workers: not
 # known; no action has a state yet).
 SINCE_0_2_0 = ('num_workers', 'actions')
-# And what one of 0.2.0 lacks: read from it, they keep their initial values
-# (0 partitions: the global order of 0.2.0, ctl/training/state.py).
+# And what one written before 0.2.0 lacks: read from it, they keep their initial values
+# (0 partitions: the global order before 0.2.0, ctl/training/state.py).
 AFTER_0_2_0 = ('data_partitions',)
 
 

@@ -305,7 +305,7 @@ class GlobalBatches:
   file's records before it. Nothing is saved, so a run stopped on N
   workers resumes exactly on any M that divides P.
 
-  With one partition it is the order of ctl 0.2.0, in which every worker
+  With one partition it is the order of ctl before 0.2.0, in which every worker
   read every record (a workdir of it resumes with partitions=1, on one
   worker).
   """

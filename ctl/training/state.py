@@ -30,7 +30,7 @@ class TrainState:
     # How many workers trained up to the checkpoint (0: not recorded).
     self.num_workers = self._counter('num_workers')
     # The partitions of files in the global order (0: other data, or a
-    # checkpoint of ctl 0.2.0, whose order is the one of 1 partition).
+    # checkpoint of ctl before 0.2.0, whose order is the one of 1 partition).
     self.data_partitions = self._counter('data_partitions')
 
   @staticmethod
@@ -109,7 +109,7 @@ def note_partitions(state: TrainState, partitions: int | None,
   step = int(state.step.numpy())
   if partitions and step and recorded != partitions and (recorded or
                                                           partitions != 1):
-    written = (f'was written by ctl 0.2.0 or earlier, whose global order of '
+    written = (f'was written by ctl before 0.2.0, whose global order of '
                'the files is this one with 1 partition (every worker read '
                'every record)' if not recorded else
                f'read the files in {recorded} partitions')

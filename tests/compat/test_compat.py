@@ -1,4 +1,4 @@
-"""Projects and workdirs of ctl 0.1.0 and 0.2.0 run on today's ctl, or are
+"""Projects and workdirs of ctl 0.1.0 and of main before 0.2.0 run on today's ctl, or are
 refused at start, as CHANGELOG.md says (tests/compat/README.md)."""
 
 import pathlib
@@ -100,7 +100,7 @@ def test_the_public_names_of_0_1_0_are_there(name):
   assert getattr(ctl, name) is not None
 
 
-V0_2_0 = helpers.REPO / 'tests' / 'compat' / 'v0_2_0'
+PRE_0_2_0 = helpers.REPO / 'tests' / 'compat' / 'pre_0_2_0'
 # configs/digits_tfrecord.py's overrides of the fixture (README.md here).
 DIGITS_TFRECORD = ('--config=configs/digits_tfrecord.py:smoke',
                    '--config.model.filters=4', '--config.model.width=8',
@@ -109,9 +109,9 @@ DIGITS_TFRECORD = ('--config=configs/digits_tfrecord.py:smoke',
 
 
 def _resume_0_2_0_global_order(workdir, shards, *args: str):
-  """`python -m ctl.main` resuming the 0.2.0 workdir of the global order
+  """`python -m ctl.main` resuming the workdir of the global order before 0.2.0
   (copied to workdir) for one more epoch, on shards written at first use
-  (as 0.2.0 wrote them)."""
+  (as ctl before 0.2.0 wrote them)."""
   return subprocess.run(helpers.ctl_command(
       *DIGITS_TFRECORD, f'--config.data.tfrecord.dir={shards}',
       f'--workdir={workdir}', *args), env=helpers.env_with(),
@@ -120,13 +120,13 @@ def _resume_0_2_0_global_order(workdir, shards, *args: str):
 
 def _copy_0_2_0(tmp_path) -> pathlib.Path:
   workdir = tmp_path / 'digits_tfrecord'
-  shutil.copytree(V0_2_0 / 'workdirs' / 'digits_tfrecord', workdir)
+  shutil.copytree(PRE_0_2_0 / 'workdirs' / 'digits_tfrecord', workdir)
   return workdir
 
 
 def test_a_0_2_0_workdir_of_the_global_order_resumes_in_one_partition(
     tmp_path):
-  # ctl 0.2.0's global order is today's with one partition, bit for bit.
+  # the global order of ctl before 0.2.0 is today's with one partition, bit for bit.
   workdir = _copy_0_2_0(tmp_path)
   run = _resume_0_2_0_global_order(workdir, tmp_path / 'shards',
                                    '--config.data.tfrecord.partitions=1')
@@ -144,7 +144,7 @@ def test_a_0_2_0_workdir_of_the_global_order_is_refused_in_partitions(
   errors = [line for line in run.stderr.splitlines()
             if line.startswith('ctl: error:')]
   assert len(errors) == 1, run.stderr[-3000:]
-  assert ('was written by ctl 0.2.0 or earlier, whose global order of the '
+  assert ('was written by ctl before 0.2.0, whose global order of the '
           'files is this one with 1 partition') in errors[0], errors[0]
   assert 'Resume with partitions=1' in errors[0] and 'on 1 worker' in errors[0]
   assert f'--config.init_from={workdir}/checkpoints' in errors[0]

@@ -552,7 +552,7 @@ def test_each_pipeline_reads_only_the_records_it_trains_on(tmp_path,
   excess: tf.data's buffers and the files they open read ahead at the
   end, and a few hundred bytes read at each file opened, so records of
   2 KB). The global order of ctl
-  0.2.0 read num_pipelines times them."""
+  ctl before 0.2.0 read num_pipelines times them."""
   record = tf.train.Example(features=tf.train.Features(feature={
       'image': tf.train.Feature(bytes_list=tf.train.BytesList(
           value=[bytes(2000)])),
