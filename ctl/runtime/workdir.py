@@ -10,6 +10,10 @@
     workdir/export/            SavedModel and .keras files (serving/export.py)
     workdir/metrics.csv        every logged value (config.log_csv)
     workdir/mlflow.json        the MLflow run it logs to (config.mlflow)
+    workdir/workers/worker-<i>.json   each worker's status, written by that
+                               worker (ctl/cluster/worker_status.py)
+    workdir/diagnostics/worker-<i>-<pid>.txt   a worker's stacks and what it
+                               knew of its peers (on a hang, or SIGUSR1)
 
 Each path is defined here, once.
 """
@@ -78,6 +82,25 @@ def metrics_csv_path(workdir: str) -> str:
 def mlflow_run_path(workdir: str) -> str:
   """The MLflow run this workdir logs to (config.mlflow)."""
   return os.path.join(workdir, 'mlflow.json')
+
+
+def workers_dir(workdir: str) -> str:
+  """Each worker's status file (ctl/cluster/worker_status.py)."""
+  return os.path.join(workdir, 'workers')
+
+
+def worker_status_path(workdir: str, worker_index: int) -> str:
+  return os.path.join(workers_dir(workdir), f'worker-{worker_index}.json')
+
+
+def diagnostics_dir(workdir: str) -> str:
+  """Workers' dumps: stacks, phase, peers (ctl/cluster/diagnostics.py)."""
+  return os.path.join(workdir, 'diagnostics')
+
+
+def diagnostics_path(workdir: str, worker_index: int, pid: int) -> str:
+  return os.path.join(diagnostics_dir(workdir),
+                      f'worker-{worker_index}-{pid}.txt')
 
 
 class Lock:
@@ -162,7 +185,7 @@ def remove_leftovers(workdir: str) -> None:
     return  # Whole files are single uploads there: no temporary files.
   host = socket.gethostname()
   for folder in (workdir, summary_dir(workdir, 'eval'),
-                 os.path.join(workdir, 'best')):
+                 os.path.join(workdir, 'best'), workers_dir(workdir)):
     for path in storage.glob(os.path.join(glob.escape(folder), '*.tmp-*')):
       writer = path.rsplit('.tmp-', 1)[1]
       writer_host, _, pid = writer.rpartition('-')
