@@ -51,6 +51,44 @@ _WRITTEN_PHASES = ('training', 'evaluate', 'checkpoint')
 _FINAL_WRITE_SECONDS = 10.0
 
 
+# How often the stall meter looks at the clock; a look later than twice
+# this counts as time the process was kept from running.
+_STALL_TICK_SECONDS = 0.05
+
+
+class StallMeter:
+  """Seconds this process was kept from running: stopped (SIGSTOP), or
+  starved of CPU by the machine.
+
+  A thread sleeps `_STALL_TICK_SECONDS` again and again; a wake-up much
+  later than asked means no thread of the process ran meanwhile. Neither
+  the process's CPU time nor a loop's wall time shows such a stall: the
+  all-reduce makes every worker's loop as long as the slowest's.
+  """
+
+  def __init__(self):
+    self._stalled = 0.0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._measure, daemon=True,
+                                    name='ctl-stall-meter')
+    self._thread.start()
+
+  def seconds(self) -> float:
+    """Stalled seconds since the meter started."""
+    return self._stalled
+
+  def stop(self) -> None:
+    self._stop.set()
+
+  def _measure(self) -> None:
+    before = time.monotonic()
+    while not self._stop.wait(_STALL_TICK_SECONDS):
+      now = time.monotonic()
+      if now - before > 2 * _STALL_TICK_SECONDS:
+        self._stalled += now - before - _STALL_TICK_SECONDS
+      before = now
+
+
 def heartbeat_seconds(timeout_seconds: float) -> float:
   """Seconds between two writes: a quarter of the watchdog's timeout, so
   that a peer's file older than half of it means that peer stopped."""
@@ -69,18 +107,25 @@ class WorkerStatus:
 
   def __init__(self, workdir: str | None, *, worker_index: int = 0,
                num_workers: int = 1, timeout_seconds: float = 0.0,
-               progress_age: Callable[[], float] = lambda: 0.0):
+               progress_age: Callable[[], float] = lambda: 0.0,
+               on_report: Callable[[], None] | None = None):
     """Args as named.
 
     Args:
       progress_age: seconds since this worker last made progress (the
         watchdog's seconds_since_progress).
+      on_report: called on the writer thread after each report's write
+        (the chief's straggler check, which reads the peers' files).
     """
     self.workdir = workdir
     self.path = (workdir_lib.worker_status_path(workdir, worker_index)
                  if workdir else None)
     self.worker_index = worker_index
     self._progress_age = progress_age
+    self._on_report = on_report
+    self._reported = False  # A report waits for the writer thread.
+    self._stalls = None  # The StallMeter, once training starts.
+    self._stalled_before = 0.0  # Its seconds at the last report.
     self._fields = {
         'worker': worker_index, 'num_workers': num_workers,
         'host': socket.gethostname(), 'pid': os.getpid(),
@@ -110,6 +155,7 @@ class WorkerStatus:
     if self.path is None or self._thread is not None:
       return
     self._wake.set()  # The first write at once.
+    self._stalls = StallMeter()
     self._thread = threading.Thread(target=self._write_until_ended,
                                     daemon=True, name='ctl-worker-status')
     self._thread.start()
@@ -141,13 +187,19 @@ class WorkerStatus:
   def report(self, event) -> None:
     """The `worker-status` action: this report's timings, written."""
     logs = event.train_logs or {}
+    stalled = self._stalls.seconds() if self._stalls else 0.0
     with self._lock:
+      # All of it, not only the loops': a worker stopped between its loops
+      # holds the others up in their next loop's all-reduce.
+      self._seconds['stalled'] = stalled - self._stalled_before
+      self._stalled_before = stalled
       self._reports.append({
           'step': event.step, 'time': time.time(),
           'steps_per_second': logs.get('steps_per_second'),
           'seconds': {name: round(value, 6)
                       for name, value in self._seconds.items()}})
       self._seconds.clear()
+      self._reported = True
     self._wake.set()
 
   def finish(self, state: str, reason: str | None, exit_code: int) -> None:
@@ -163,6 +215,7 @@ class WorkerStatus:
     self._ended.set()
     self._wake.set()
     self._thread.join(_FINAL_WRITE_SECONDS)
+    self._stalls.stop()
 
   @contextlib.contextmanager
   def recording(self):
@@ -202,9 +255,13 @@ class WorkerStatus:
     while True:
       self._wake.wait(heartbeat)
       self._wake.clear()
+      with self._lock:
+        reported, self._reported = self._reported, False
       try:
         storage.makedirs(os.path.dirname(self.path))
         storage.write_json(self.path, self.snapshot())
+        if reported and self._on_report:
+          self._on_report()
       except Exception as error:  # pylint: disable=broad-except
         # Never fatal: training goes on without its status file.
         logging.log_every_n_seconds(

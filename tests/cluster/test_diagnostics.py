@@ -5,16 +5,20 @@ then is stopped for good (SIGSTOP); worker 0's watchdog ends the job and
 its error line names worker 1; ctl.status reads the workdir throughout.
 """
 
+import os
+import random
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from ctl import errors
 from ctl import status as status_lib
+from ctl.cluster import stragglers
 from ctl.cluster import worker_status
 import helpers
 
@@ -111,6 +115,54 @@ def test_a_stopped_worker_is_named_with_the_stacks_and_sigusr1_dumps(
 
 
 @pytest.mark.slow
+def test_a_worker_slowed_by_half_is_named_as_the_straggler_then_recovers(
+    tmp_path):
+  seed = int(os.environ.get('CTL_STRAGGLER_SEED', random.randrange(10**6)))
+  print(f'seed {seed} (CTL_STRAGGLER_SEED={seed} reproduces it)')
+  slow_from = random.Random(seed).randrange(40, 200)
+  # A report every 22 steps: each spans a SIGSTOP once slowed.
+  workers = [helpers.Watched(helpers.ctl_command(
+      *ARGS[:-2], '--config.intervals.log_steps=22',
+      '--config.intervals.summary_steps=22',
+      '--config.distribution.timeout_seconds=120',
+      f'--workdir={tmp_path}'), env) for env in helpers.cluster_envs(2)]
+  chief, victim = workers[0], workers[1].process
+  slowed = threading.Event()
+
+  def stop_half_the_time():
+    while slowed.is_set():
+      victim.send_signal(signal.SIGSTOP)
+      time.sleep(0.15)
+      victim.send_signal(signal.SIGCONT)
+      time.sleep(0.15)
+
+  try:
+    wait_for_step(chief, slow_from)
+    assert 'Straggler' not in chief.output  # Nothing while workers are even.
+    reports_before = len(re.findall(r' step \d+/', chief.output))
+    slowed.set()
+    duty = threading.Thread(target=stop_half_the_time, daemon=True)
+    duty.start()
+    named = chief.wait_for(r'Straggler: worker (\d+) \(\S+, pid (\d+)\) is '
+                           r'compute-bound')
+    assert named.groups() == ('1', str(victim.pid))
+    reports = len(re.findall(r' step \d+/', chief.output)) - reports_before
+    print(f'named after {reports} reports: {named.group(0)}')
+    assert reports <= 8, f'named after {reports} reports'
+    slowed.clear()
+    duty.join()
+    chief.wait_for(rf'Worker 1 \(\S+, pid {victim.pid}\) is no longer a '
+                   'straggler')
+    assert 'Straggler: worker 0' not in chief.output
+  finally:
+    slowed.clear()
+    for worker in workers:
+      if worker.process.poll() is None:
+        worker.process.send_signal(signal.SIGCONT)
+      worker.kill()
+
+
+@pytest.mark.slow
 def test_status_of_a_sigtermed_then_finished_run_and_of_no_run(tmp_path):
   args = (f'--config={helpers.DIGITS}', '--config.num_epochs=2',
           '--config.intervals.log_steps=4', '--config.steps_per_loop=4')
@@ -177,3 +229,42 @@ def test_the_peer_named_is_the_one_whose_status_stopped_or_lags():
   assert 'in another phase' in worker_status.stalled_peers(
       {0: me, 1: _status(1, phase='evaluate')}, 0, now)[0]
   assert worker_status.stalled_peers({0: me, 1: _status(1)}, 0, now) == []
+
+
+def _reports(own_seconds, wall=1.0, first_step=4):
+  """Status reports, one per value of the worker's own seconds."""
+  return [{'step': first_step + 4 * index,
+           'seconds': {'training': wall, 'training_cpu': own / 2,
+                       'stalled': own / 2}}
+          for index, own in enumerate(own_seconds)]
+
+
+def test_a_straggler_is_named_after_the_window_and_again_when_it_recovers():
+  check = stragglers.StragglerCheck('unused', 2, factor=1.5, reports=3)
+
+  def lines(worker0, worker1):
+    return check.update({
+        0: {**_status(0), 'reports': _reports(worker0)},
+        1: {**_status(1), 'reports': _reports(worker1)}})
+
+  assert lines([0.2, 0.2], [0.2, 0.9]) == []  # Two reports: no window yet.
+  assert lines([0.2] * 3, [0.25, 0.2, 0.3]) == []  # Even.
+  assert lines([0.2] * 3, [0.2, 2.0, 0.2]) == []  # One stall.
+  # Slow in each report of the window, by more than a fifth of the loops'
+  # wall time.
+  [named] = lines([0.2] * 4, [0.2, 0.9, 0.9, 0.9])
+  assert named.startswith('Straggler: worker 1 (h, pid 101) is '
+                          'compute-bound'), named
+  assert lines([0.2] * 5, [0.2, 0.9, 0.9, 0.9, 0.9]) == []  # Said once.
+  assert lines([0.2] * 3, [0.9, 0.2, 0.2]) == []  # Not slow in all: yet.
+  # Above the factor, but by less than a fifth of the wall time: even.
+  assert check.update({
+      0: {**_status(0), 'reports': _reports([0.01] * 3, wall=3.0)},
+      1: {**_status(1), 'reports': _reports([0.1] * 3, wall=3.0)},
+  }) == ['Worker 1 (h, pid 101) is no longer a straggler: 0.30 s of CPU '
+         'and stalls in its loops over the last 3 reports, against 0.03 s '
+         'for the others.']
+  # Only reports every worker wrote count.
+  assert check.update({
+      0: {**_status(0), 'reports': _reports([0.2] * 3)},
+      1: {**_status(1), 'reports': _reports([0.9] * 3, first_step=8)}}) == []
