@@ -103,15 +103,16 @@ def render(workdir: str, now: float | None = None) -> str:
         'config.json. Pass the --workdir of a training run.')
   state, why = run_state(workers, results, now)
   lines = [f'{workdir}: {state.upper()}: {why}']
-  lines += _progress(workers, results, now)
+  lines += _progress(workers, results, now, state)
   lines += _checkpoints(workdir, now, storage, workdir_lib, best)
   lines += _workers(workers, now)
+  lines += _stragglers(workdir, workers, storage, workdir_lib)
   lines += _diagnostics(workdir, now, storage, workdir_lib)
   return '\n'.join(lines)
 
 
-def _progress(workers: dict[int, dict], results: dict | None,
-              now: float) -> list[str]:
+def _progress(workers: dict[int, dict], results: dict | None, now: float,
+              state: str) -> list[str]:
   """Step of total, epoch, speed and ETA (the chief's)."""
   if not workers:
     if results is None:
@@ -125,7 +126,7 @@ def _progress(workers: dict[int, dict], results: dict | None,
   if speed:
     line += f', {speed:.3g} steps/s'
     left = (chief.get('total_steps') or 0) - (chief['step'] or 0)
-    if chief['state'] == 'running' and left > 0:
+    if state == 'running' and left > 0:
       line += f', ETA {_age(left / speed)}'
   return [line, f'  status written {_age(now - chief["time"])} ago']
 
@@ -177,6 +178,23 @@ def _workers(workers: dict[int, dict], now: float) -> list[str]:
          if 'training' in seconds else '') +
         f', status {_age(now - status["time"])} old')
   return lines
+
+
+def _stragglers(workdir, workers, storage, workdir_lib) -> list[str]:
+  """The workers that held the others up over the last reports."""
+  from ctl.cluster import stragglers  # pylint: disable=g-import-not-at-top
+  if len(workers) < 2:
+    return []
+  config = storage.read_json(storage.join(workdir, workdir_lib.CONFIG_FILE))
+  section = (config or {}).get('diagnostics') or {}
+  check = stragglers.StragglerCheck(
+      workdir, len(workers), section.get('straggler_factor') or 1.5,
+      section.get('straggler_reports') or 3)
+  check.update(dict(workers))
+  return ['  stragglers: ' + (', '.join(
+      f'worker {index} ({workers[index]["host"]}, pid '
+      f'{workers[index]["pid"]})' for index in sorted(check.stragglers))
+                              or 'none')]
 
 
 def _diagnostics(workdir, now, storage, workdir_lib) -> list[str]:
