@@ -46,6 +46,11 @@ MAX_HEARTBEAT_SECONDS = 10.0
 # Phases whose start is written at once (the others wait for the heartbeat).
 _WRITTEN_PHASES = ('training', 'evaluate', 'checkpoint')
 
+# The shortest time between two writes (but the last): frequent reports
+# (the digits job reports every 11 steps, 10 times a second) are written
+# together, so the writer costs the same whatever the report interval.
+MIN_WRITE_SECONDS = 1.0
+
 # How long the end of a run waits for its last write (a store that does not
 # answer must not hold the exit).
 _FINAL_WRITE_SECONDS = 10.0
@@ -250,15 +255,22 @@ class WorkerStatus:
     return fields
 
   def _write_until_ended(self) -> None:
-    """The writer thread: writes at each wake-up and heartbeat."""
+    """The writer thread: writes at each wake-up and heartbeat, at most
+    once a `MIN_WRITE_SECONDS`, and last the end."""
     heartbeat = self._fields['heartbeat_seconds']
+    pause = min(MIN_WRITE_SECONDS, heartbeat / 2)
+    folder_made = False
     while True:
       self._wake.wait(heartbeat)
       self._wake.clear()
+      # Read before the snapshot: finish() sets the fields, then this.
+      ended = self._ended.is_set()
       with self._lock:
         reported, self._reported = self._reported, False
       try:
-        storage.makedirs(os.path.dirname(self.path))
+        if not folder_made:
+          storage.makedirs(os.path.dirname(self.path))
+          folder_made = True
         storage.write_json(self.path, self.snapshot())
         if reported and self._on_report:
           self._on_report()
@@ -267,8 +279,9 @@ class WorkerStatus:
         logging.log_every_n_seconds(
             logging.WARNING, 'Could not write the status file %s: %s', 600,
             self.path, error)
-      if self._ended.is_set():
+      if ended:
         return
+      self._ended.wait(pause)  # The end cuts the pause short.
 
 
 def read_all(workdir: str) -> dict[int, dict]:

@@ -185,7 +185,8 @@ def remove_leftovers(workdir: str) -> None:
     return  # Whole files are single uploads there: no temporary files.
   host = socket.gethostname()
   for folder in (workdir, summary_dir(workdir, 'eval'),
-                 os.path.join(workdir, 'best'), workers_dir(workdir)):
+                 os.path.join(workdir, 'best'), workers_dir(workdir),
+                 diagnostics_dir(workdir)):
     for path in storage.glob(os.path.join(glob.escape(folder), '*.tmp-*')):
       writer = path.rsplit('.tmp-', 1)[1]
       writer_host, _, pid = writer.rpartition('-')
