@@ -37,8 +37,9 @@ from ctl.runtime import workdir as workdir_lib
 # The states of a worker's run, as ctl.status shows them.
 RUNNING, FINISHED, STOPPED, FAILED = 'running', 'finished', 'stopped', 'failed'
 
-# Reports kept in the file: enough for a straggler window.
-REPORTS_KEPT = 8
+# Reports kept in the file: enough for a straggler window across files
+# written up to MIN_WRITE_SECONDS apart, with reports 10 times a second.
+REPORTS_KEPT = 32
 
 # The longest time between two writes of a live worker.
 MAX_HEARTBEAT_SECONDS = 10.0
