@@ -167,6 +167,16 @@ def base_config() -> ml_collections.ConfigDict:
   config.profile.start_step = 0
   config.profile.num_steps = 0
 
+  # Seeing into a multi-worker job (README, "Diagnosing a multi-worker
+  # job"). At each report the chief names a worker whose own work in the
+  # steps (CPU time and the time it was kept from running) exceeds
+  # straggler_factor times the other workers', over the last
+  # straggler_reports reports, and names it again when it recovers.
+  # 0 straggler_factor: no check.
+  config.diagnostics = ml_collections.ConfigDict()
+  config.diagnostics.straggler_factor = 1.5
+  config.diagnostics.straggler_reports = 3
+
   config.distribution = ml_collections.ConfigDict()
   # 'auto' picks multi_worker when the cluster resolver describes a
   # cluster, mirrored with several GPUs, one_device with one GPU, and
@@ -276,7 +286,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'evaluation.best_mode', BEST_MODES)
   _check_choice(config, 'early_stopping.mode', BEST_MODES)
   for key in ('batch_size', 'accumulate_steps', 'steps_per_loop',
-              'intervals.keep_checkpoints',
+              'intervals.keep_checkpoints', 'diagnostics.straggler_reports',
               'early_stopping.patience', 'rollback.window'):
     _check(config, key, lambda value: value >= 1, 'must be at least 1')
   for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',
@@ -292,6 +302,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check(config, key, lambda value: value >= 0, 'must not be negative')
   _check(config, 'optimizer.learning_rate', lambda value: value > 0,
          'must be positive')
+  _check(config, 'diagnostics.straggler_factor',
+         lambda value: value == 0 or value > 1,
+         'must be above 1 (or 0: no straggler check)')
   _check(config, 'optimizer.ema_momentum', lambda value: 0 <= value < 1,
          'must be in [0, 1)')
   _check(config, 'data.eval_fraction', lambda value: 0 < value < 1,

@@ -62,6 +62,11 @@ def size(path: str) -> int:
   return tf.io.gfile.stat(path).length
 
 
+def modified_time(path: str) -> float:
+  """When a file was last written (seconds since the epoch)."""
+  return tf.io.gfile.stat(path).mtime_nsec / 1e9
+
+
 def remove(path: str) -> None:
   """Removes a file, or a folder and all it holds; nothing if it is gone."""
   try:

@@ -17,7 +17,7 @@ LAYERS = {
     'builtin_tasks': 4,
     'training': 5,
     'serving': 6,
-    'modes': 7, 'launch': 7, 'sweep': 7,
+    'modes': 7, 'launch': 7, 'sweep': 7, 'status': 7,
     'main': 8,
 }
 

@@ -23,6 +23,7 @@ outside TensorFlow's collectives, e.g. in a task's own Python) exits with
 code 43: nothing hangs.
 """
 
+from collections.abc import Callable
 import contextlib
 import os
 import sys
@@ -46,7 +47,12 @@ class Watchdog:
   a job of one worker), it does nothing and has no `steps`.
   """
 
-  def __init__(self, timeout_seconds: float, enabled: bool = True):
+  def __init__(self, timeout_seconds: float, enabled: bool = True,
+               on_abort: Callable[[], None] | None = None):
+    """Args as named; on_abort: called on the watchdog's thread before it
+    aborts the collectives, while the stuck thread still is where it
+    stuck (the diagnostics dump)."""
+    self.on_abort = on_abort
     self.timeout_seconds = timeout_seconds
     self.enabled = bool(enabled and timeout_seconds > 0)
     # Steps trained: the train loop adds one after each step, in its graph.
@@ -78,6 +84,10 @@ class Watchdog:
     """Marks progress now."""
     self._last_progress = time.monotonic()
 
+  def seconds_since_progress(self) -> float:
+    """Seconds since the last step, beat or pause ended; 0 while paused."""
+    return self._stalled_seconds()
+
   @contextlib.contextmanager
   def paused(self):
     """Work of this worker alone (reading data): not counted."""
@@ -101,7 +111,9 @@ class Watchdog:
     """Seconds since the last progress; 0 while paused."""
     now = time.monotonic()
     try:
-      steps = int(self.steps.numpy())  # Concurrently with the train loop.
+      # Concurrently with the train loop (and the status file's writer).
+      steps = (int(self.steps.numpy()) if self.steps is not None
+               else self._steps_seen)
     except Exception:  # pylint: disable=broad-except
       # Never leave the watch: the beats still count.
       steps = self._steps_seen
@@ -118,6 +130,11 @@ class Watchdog:
         'No progress for %g s (config.distribution.timeout_seconds): a peer '
         'died or hangs, or this worker does. Aborting its collectives.',
         self.timeout_seconds)
+    if self.on_abort is not None:
+      try:
+        self.on_abort()
+      except Exception as error:  # pylint: disable=broad-except
+        logging.error('Could not write the diagnostics: %s', error)
     tf_internals.abort_collectives(
         'ctl: no progress for distribution.timeout_seconds='
         f'{self.timeout_seconds:g}')

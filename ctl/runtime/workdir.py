@@ -11,6 +11,10 @@
     workdir/metrics.csv        every logged value (config.log_csv)
     workdir/mlflow.json        the MLflow run it logs to (config.mlflow)
     workdir/mlflow_pending.jsonl   values MLflow has not acknowledged yet
+    workdir/workers/worker-<i>.json   each worker's status, written by that
+                               worker (ctl/cluster/worker_status.py)
+    workdir/diagnostics/worker-<i>-<pid>.txt   a worker's stacks and what it
+                               knew of its peers (on a hang, or SIGUSR1)
 
 Each path is defined here, once.
 """
@@ -85,6 +89,25 @@ def mlflow_pending_path(workdir: str) -> str:
   """Values queued for MLflow that it has not acknowledged, a JSON line
   each: sent by the next run when this one is killed (config.mlflow)."""
   return os.path.join(workdir, 'mlflow_pending.jsonl')
+
+
+def workers_dir(workdir: str) -> str:
+  """Each worker's status file (ctl/cluster/worker_status.py)."""
+  return os.path.join(workdir, 'workers')
+
+
+def worker_status_path(workdir: str, worker_index: int) -> str:
+  return os.path.join(workers_dir(workdir), f'worker-{worker_index}.json')
+
+
+def diagnostics_dir(workdir: str) -> str:
+  """Workers' dumps: stacks, phase, peers (ctl/cluster/diagnostics.py)."""
+  return os.path.join(workdir, 'diagnostics')
+
+
+def diagnostics_path(workdir: str, worker_index: int, pid: int) -> str:
+  return os.path.join(diagnostics_dir(workdir),
+                      f'worker-{worker_index}-{pid}.txt')
 
 
 class Lock:
@@ -182,7 +205,8 @@ def remove_leftovers(workdir: str) -> None:
     return  # Whole files are single uploads there: no temporary files.
   host = socket.gethostname()
   for folder in (workdir, summary_dir(workdir, 'eval'),
-                 os.path.join(workdir, 'best')):
+                 os.path.join(workdir, 'best'), workers_dir(workdir),
+                 diagnostics_dir(workdir)):
     for path in storage.glob(os.path.join(glob.escape(folder), '*.tmp-*')):
       writer = path.rsplit('.tmp-', 1)[1]
       writer_host, _, pid = writer.rpartition('-')

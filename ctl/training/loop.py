@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import errors
+from ctl.cluster import worker_status
 from ctl.training import loop_plan
 from ctl.runtime import preemption
 from ctl.runtime import progress
@@ -52,7 +53,8 @@ class TrainLoop:
                speed: speed_lib.SpeedMeter, strategy: tf.distribute.Strategy,
                task, workdir: str, is_chief: bool, num_workers: int,
                started: float, restore_weights: Callable[[], int],
-               progress: Callable[[], None] = lambda: None):
+               progress: Callable[[], None] = lambda: None,
+               status: worker_status.WorkerStatus | None = None):
     """Args as named.
 
     Args:
@@ -64,6 +66,7 @@ class TrainLoop:
         checkpoint, not the step or the data position; returns its step
         (for an action's rollback request).
       progress: called after each loop and action (the watchdog's beat).
+      status: times each loop and action (this worker's status file).
     """
     self._runner = runner
     self._length = length
@@ -79,6 +82,7 @@ class TrainLoop:
     self._started = started
     self._restore_weights = restore_weights
     self._progress = progress
+    self._status = status or worker_status.WorkerStatus(None)
     # Unless an action handles it (a rollback), a log that is not finite
     # stops the run before any action runs.
     self._stop_on_divergence = not any(action.handles_divergence
@@ -155,10 +159,11 @@ class TrainLoop:
         self._stop_signal.requested,
         *(self._clocks[index].due() for index in timed)))
     self._speed.start()
-    outputs = self._runner.train_loop(
-        iterator, self._int32_tensor(num_steps), requests,
-        read_metrics=self._reporter.due_at(step))
-    logs = {name: float(value) for name, value in outputs['logs'].items()}
+    with self._status.phase('training', step):
+      outputs = self._runner.train_loop(
+          iterator, self._int32_tensor(num_steps), requests,
+          read_metrics=self._reporter.due_at(step))
+      logs = {name: float(value) for name, value in outputs['logs'].items()}
     loop_logs = {name: float(value)
                  for name, value in outputs['loop_logs'].items()}
     agreed = (outputs['requests'].numpy() > 0).tolist()
@@ -211,11 +216,13 @@ class TrainLoop:
       if due in self._clocks:
         self._clocks[due].reset()
       if action.on_every_worker or self._num_workers == 1:
-        action.run(event)
+        with self._status.phase(action.name):
+          action.run(event)
         continue
       before = dict(event.requests)
       if self._is_chief:
-        action.run(event)
+        with self._status.phase(action.name):
+          action.run(event)
       made = {name: reason for name, reason in event.requests.items()
               if name not in before}
       event.requests = {**before, **self._agree(made)}

@@ -13,8 +13,11 @@ import tensorflow as tf
 from ctl import config as config_lib
 from ctl import errors
 from ctl import builtin_tasks
+from ctl.cluster import diagnostics
 from ctl.cluster import distribution
+from ctl.cluster import stragglers
 from ctl.cluster import watchdog as watchdog_lib
+from ctl.cluster import worker_status
 from ctl.runtime import preemption
 from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
@@ -67,16 +70,30 @@ def train_and_evaluate(
                strategy.num_replicas_in_sync, task_info.is_chief)
   timeout_seconds = config.distribution.timeout_seconds
   trainer = None
+  # Bounds every wait for a peer while the task is built and trained.
+  watchdog = watchdog_lib.Watchdog(timeout_seconds,
+                                   enabled=task_info.num_workers > 1)
+  status = worker_status.WorkerStatus(
+      workdir, worker_index=task_info.worker_index,
+      num_workers=task_info.num_workers, timeout_seconds=timeout_seconds,
+      progress_age=watchdog.seconds_since_progress,
+      on_report=stragglers.from_config(config.get('diagnostics'), workdir,
+                                       task_info.is_chief,
+                                       task_info.num_workers))
+  dumps = []  # The watchdog's, written while the stuck thread still waits.
+  watchdog.on_abort = lambda: dumps.append(diagnostics.write(
+      status, f'no progress for distribution.timeout_seconds='
+      f'{timeout_seconds:g}: aborting the collectives'))
   with preemption.StopSignal() as stop_signal, workdir_lib.Lock(
-      workdir, enabled=task_info.is_chief) as workdir_lock:
+      workdir, enabled=task_info.is_chief) as workdir_lock, (
+          status.recording()), diagnostics.DumpOnSignal(status):
     try:
-      # Bounds every wait for a peer while the task is built and trained.
-      with watchdog_lib.Watchdog(
-          timeout_seconds, enabled=task_info.num_workers > 1) as watchdog:
+      with watchdog:
         trainer = trainer_lib.Trainer(
             config, workdir, strategy=strategy, task_info=task_info,
             task_class=task_class, stop_signal=stop_signal,
-            workdir_lock=workdir_lock, started=started, watchdog=watchdog)
+            workdir_lock=workdir_lock, started=started, watchdog=watchdog,
+            status=status)
         results = trainer.run()
       finished_now = results.pop('finished_now')
       if on_finish:
@@ -91,7 +108,14 @@ def train_and_evaluate(
           jit_compile=config.jit_compile, workdir_lock=workdir_lock)
       if failure is None:
         raise
+      if isinstance(failure, errors.PeerFailure) and status.started:
+        failure = diagnostics.name_stalled_peers(
+            failure, status, error, dumps[0] if dumps else None)
       raise failure from error
+    stopped = results.get('stopped')
+    status.finish(worker_status.STOPPED if stopped else
+                  worker_status.FINISHED,
+                  stopped and stopped['reason'], 0)
   distribution.leave_together(task_info, timeout_seconds)
   return results
 

@@ -28,6 +28,7 @@ from ctl.checkpoints import data_positions
 from ctl.checkpoints import manager as checkpoint_manager
 from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
+from ctl.cluster import worker_status
 from ctl.data import inputs
 from ctl.runtime import preemption
 from ctl.runtime import summaries
@@ -57,13 +58,16 @@ class Trainer:
                strategy: tf.distribute.Strategy, task_info: distribution.Role,
                task_class: type[task_lib.Task],
                stop_signal: preemption.StopSignal, workdir_lock,
-               started: float, watchdog: watchdog_lib.Watchdog | None = None):
+               started: float, watchdog: watchdog_lib.Watchdog | None = None,
+               status: worker_status.WorkerStatus | None = None):
     """Args as named.
 
     Args:
       watchdog: bounds each wait for a peer (multi-worker; see
         ctl/cluster/watchdog.py): told of each step, loop, action and
         evaluation batch. None for none.
+      status: this worker's status file (ctl/cluster/worker_status.py);
+        None for none.
     """
     self.config = config
     self.workdir = workdir
@@ -73,6 +77,7 @@ class Trainer:
     self.workdir_lock = workdir_lock
     self.started = started
     self.watchdog = watchdog or watchdog_lib.Watchdog(0)
+    self.status = status or worker_status.WorkerStatus(None)
     assembled = assemble_lib.assemble(config, strategy, task_info, task_class,
                                       self.watchdog)
     self.task, self.state = assembled.task, assembled.state
@@ -236,7 +241,8 @@ class Trainer:
         strategy=self.strategy, task=self.task, workdir=self.workdir,
         is_chief=self.task_info.is_chief,
         num_workers=self.task_info.num_workers, started=self.started,
-        restore_weights=self._restore_weights, progress=self.watchdog.beat)
+        restore_weights=self._restore_weights, progress=self.watchdog.beat,
+        status=self.status)
     loops = self.loop.plan(int(self.state.step.numpy()))
     step_writer = summaries.step_summary_writer(
         workdir_lib.summary_dir(self.workdir, 'train'),
@@ -260,6 +266,7 @@ class Trainer:
     return [
         *first,
         reporter,
+        call('worker-status', When(after_log=True), self.status.report),
         call('evaluate', When(steps=intervals.eval_steps, epochs=1,
                               at_end=True, on_request='evaluate'),
              self.evaluation),
@@ -308,6 +315,10 @@ class Trainer:
     results = self.restore_or_start()
     if results is not None:
       return {**results, 'finished_now': False}
+    self.status.start(step=int(self.state.step.numpy()),
+                      total_steps=self.length.total_steps,
+                      steps_per_epoch=self.length.steps_per_epoch,
+                      num_epochs=self.length.num_epochs)
     self.train_writer = summaries.make_writer(
         workdir_lib.summary_dir(self.workdir, 'train'), self.task_info.is_chief)
     try:

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import ctl
 from ctl import errors
+from ctl import status as status_lib
 from ctl import storage
 from ctl.data import datasets
 import helpers
@@ -61,6 +62,9 @@ def test_sigterm_mid_epoch_resumes_on_gcs_as_a_local_run_ends(
   finally:
     job.kill()
   assert code == errors.EXIT_PREEMPTED, job.output[-3000:]
+  # Each worker's status file is on gs:// too: ctl.status reads it.
+  assert f'{workdir}: STOPPED: worker 0 exited with code 42' in (
+      status_lib.render(workdir))
   resumed = helpers.Watched(
       helpers.ctl_command(*ARGS, f'--workdir={workdir}'), _env(gcs_server))
   assert resumed.wait() == 0, resumed.output[-3000:]
@@ -69,8 +73,10 @@ def test_sigterm_mid_epoch_resumes_on_gcs_as_a_local_run_ends(
   # Everything a run writes is there, and reads back.
   names = storage.listdir(workdir)
   for name in ('config.json', 'results.json', 'checkpoints', 'train', 'eval',
-               'best', 'export'):
+               'best', 'export', 'workers'):
     assert name in names, names
+  assert 'FINISHED: training finished (exit code 0)' in status_lib.render(
+      workdir)
   assert storage.read_json(storage.join(workdir, 'results.json'))['step'] == 88
   loaded = ctl.load(workdir)
   probabilities = loaded.serve(tf.zeros([2, 8, 8]))['probabilities']

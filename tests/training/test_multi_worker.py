@@ -35,7 +35,7 @@ def test_two_workers_train_one_model(tmp_path):
   # export are gone.
   assert sorted(path.name for path in workdir.iterdir()) == [
       'best', 'checkpoints', 'config.json', 'eval', 'export', 'results.json',
-      'train']
+      'train', 'workers']
   # The chief's events: ctl's reports, and a task's own tf.summary calls.
   assert len(list((workdir / 'train').glob('*.v2'))) == 1
   assert len(list((workdir / 'train').iterdir())) == 2

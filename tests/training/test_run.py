@@ -107,10 +107,14 @@ def test_a_diverging_loss_stops_before_saving(tmp_path):
                                      loss='user_modules:nan_loss'),
                              str(tmp_path))
   after = helpers.file_stamps(tmp_path)
+  # Only the worker's status file says what became of the run.
   assert {name: after[name] for name in before
-          if not name.startswith('config')} == {
+          if not name.startswith(('config', 'workers/'))} == {
               name: stamp for name, stamp in before.items()
-              if not name.startswith('config')}
+              if not name.startswith(('config', 'workers/'))}
+  status = json.loads((tmp_path / 'workers' / 'worker-0.json').read_text())
+  assert (status['state'], status['exit_code']) == ('failed', 1)
+  assert 'diverged at step 45' in status['reason']
   new_files = set(after) - set(before)
   assert not [name for name in new_files
               if name.startswith(('checkpoints/', 'results'))], new_files

@@ -1,0 +1,169 @@
+"""What a worker knows when a job hangs: its stacks, its phase, its peers.
+
+    workdir/diagnostics/worker-<i>-<pid>.txt   (workdir.diagnostics_path)
+
+Written by a worker when its watchdog gives up on a peer (before it aborts
+the collectives, so the stack of the waiting thread shows where it
+waited), when TensorFlow reports a lost peer, and at any time on SIGUSR1
+(`kill -USR1 <pid>`), which does not stop training.
+
+SIGUSR1 reaches Python's handlers only when the main thread runs Python,
+and a hung worker's main thread waits inside TensorFlow. So the handler
+does nothing itself: the signal's number goes through Python's wakeup
+file descriptor (`signal.set_wakeup_fd`, written by the C-level handler
+on whichever thread got the signal) to a thread of ours, which writes the
+dump.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from absl import logging
+
+from ctl import errors
+from ctl import storage
+from ctl.cluster import worker_status
+from ctl.runtime import workdir as workdir_lib
+
+
+def write(status: worker_status.WorkerStatus, why: str,
+          error: BaseException | None = None) -> str | None:
+  """Writes this worker's dump; returns its path (None without a workdir).
+
+  Args:
+    status: this worker's status (its phase, step and workdir).
+    why: what made it write the dump.
+    error: the error that ended the run, if any: its traceback goes in.
+  """
+  if status.workdir is None:
+    return None
+  mine = status.snapshot()
+  path = workdir_lib.diagnostics_path(status.workdir, status.worker_index,
+                                      mine['pid'])
+  storage.makedirs(os.path.dirname(path))
+  storage.write_text(path, render(status, mine, why, error))
+  logging.warning('Diagnostics (every thread\'s stack, the peers\' last '
+                  'status) written to %s', path)
+  return path
+
+
+def render(status: worker_status.WorkerStatus, mine: dict, why: str,
+           error: BaseException | None) -> str:
+  """The dump's text."""
+  now = time.time()
+  peers = worker_status.read_peers(status.workdir, mine['num_workers'])
+  peers[status.worker_index] = mine
+  lines = [
+      f'ctl diagnostics of worker {mine["worker"]} of {mine["num_workers"]} '
+      f'(host {mine["host"]}, pid {mine["pid"]}) at '
+      f'{time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))}: {why}',
+      f'This worker: {worker_status.describe(mine, now)}', '',
+      'Every worker\'s last status (workdir/workers/):']
+  for index, peer in sorted(peers.items()):
+    lines.append('  ' + (worker_status.describe(peer, now) if peer else
+                         f'worker {index}: no status file'))
+  stalled = worker_status.stalled_peers(peers, status.worker_index, now)
+  lines += ['', 'Stopped making progress: ' +
+            ('; '.join(stalled) if stalled else 'no peer stands out'), '']
+  if error is not None:
+    lines += ['The error that ended the run:',
+              ''.join(traceback.format_exception(error)).rstrip(), '']
+  lines.append(thread_stacks())
+  return '\n'.join(lines) + '\n'
+
+
+def thread_stacks() -> str:
+  """Every Python thread's stack, the innermost call last."""
+  names = {thread.ident: thread.name for thread in threading.enumerate()}
+  parts = []
+  for ident, frame in sys._current_frames().items():  # pylint: disable=protected-access
+    parts.append(f'--- Thread {names.get(ident, "?")} ({ident}) ---\n' +
+                 ''.join(traceback.format_stack(frame)))
+  return '\n'.join(parts)
+
+
+def name_stalled_peers(failure: errors.PeerFailure,
+                       status: worker_status.WorkerStatus,
+                       error: BaseException,
+                       dump: str | None) -> errors.PeerFailure:
+  """The failure, naming the peers that stopped making progress and the
+  dump (written now if the watchdog did not write one)."""
+  if status.workdir is None:
+    return failure
+  now = time.time()
+  peers = worker_status.read_peers(status.workdir,
+                                   status.snapshot()['num_workers'])
+  peers[status.worker_index] = status.snapshot()
+  stalled = worker_status.stalled_peers(peers, status.worker_index, now)
+  if dump is None:
+    try:
+      dump = write(status, f'TensorFlow reported a lost peer '
+                   f'({type(error).__name__})', error)
+    except Exception as write_error:  # pylint: disable=broad-except
+      logging.error('Could not write the diagnostics: %s', write_error)
+  named = ('Stopped making progress: ' + '; '.join(stalled) + '.' if stalled
+           else 'No peer\'s status file singles one out (the network, or '
+           'this worker?).')
+  where = f' Stacks and every worker\'s last status: {dump}.' if dump else ''
+  return errors.PeerFailure(f'{failure} {named}{where}')
+
+
+class DumpOnSignal:
+  """A context in which SIGUSR1 writes this worker's dump (training goes
+  on). Enter it on the main thread; elsewhere it does nothing."""
+
+  def __init__(self, status: worker_status.WorkerStatus,
+               signum: int = signal.SIGUSR1):
+    self._status = status
+    self._signum = signum
+    self._pipe = None
+    self._previous = None
+    self._previous_fd = -1
+    self._thread = None
+
+  def __enter__(self) -> 'DumpOnSignal':
+    if threading.current_thread() is not threading.main_thread():
+      return self
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # set_wakeup_fd needs it.
+    self._previous = signal.signal(self._signum, lambda *_: None)
+    try:
+      self._previous_fd = signal.set_wakeup_fd(write_end,
+                                               warn_on_full_buffer=False)
+    except ValueError:
+      signal.signal(self._signum, self._previous)
+      os.close(read_end)
+      os.close(write_end)
+      return self
+    self._pipe = (read_end, write_end)
+    self._thread = threading.Thread(target=self._serve, daemon=True,
+                                    name='ctl-diagnostics-on-signal')
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._pipe is None:
+      return
+    signal.set_wakeup_fd(self._previous_fd)
+    signal.signal(self._signum, self._previous)
+    os.write(self._pipe[1], b'\0')  # Ends _serve.
+    self._thread.join()
+    for end in self._pipe:
+      os.close(end)
+    self._pipe = None
+
+  def _serve(self) -> None:
+    """Writes a dump for each SIGUSR1, until a zero byte."""
+    while True:
+      received = os.read(self._pipe[0], 64)
+      if not received or 0 in received:
+        return
+      if self._signum in received:
+        try:
+          write(self._status, f'{signal.Signals(self._signum).name} asked')
+        except Exception as error:  # pylint: disable=broad-except
+          logging.error('Could not write the diagnostics: %s', error)

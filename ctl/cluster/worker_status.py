@@ -1,0 +1,365 @@
+"""Each worker's status file: where it is, how fast, and how it ended.
+
+    workdir/workers/worker-<i>.json   (workdir.worker_status_path)
+
+A tiny JSON file per worker, not a gather over the collectives nor the
+coordination service's key-value store: a gather hangs with the job it
+should explain, the key-value store lives in the chief's process and dies
+with it, and neither outlives the job for `python -m ctl.status`. A file
+is written by its worker alone, through ctl/storage.py (so gs:// works
+too), and read by the others only when they need it: at a hang, at a
+report (stragglers), and by ctl.status.
+
+A background thread writes it: when training starts, at each report (the
+`worker-status` action, after the log line), when an evaluation or a
+checkpoint begins, every `heartbeat_seconds`, and when the run ends (its
+state, reason and exit code). The training thread only sets fields, so a
+slow store never slows a step, and a worker hung inside a collective still
+rewrites its file: `time` stays fresh while `progress_time` (the
+watchdog's last step or beat) ages. A stopped or dead worker's file stops
+changing altogether.
+"""
+
+from collections.abc import Callable
+import collections
+import contextlib
+import os
+import socket
+import threading
+import time
+
+from absl import logging
+
+from ctl import errors
+from ctl import storage
+from ctl.runtime import workdir as workdir_lib
+
+# The states of a worker's run, as ctl.status shows them.
+RUNNING, FINISHED, STOPPED, FAILED = 'running', 'finished', 'stopped', 'failed'
+
+# Reports kept in the file: enough for a straggler window across files
+# written up to MIN_WRITE_SECONDS apart, with reports 10 times a second.
+REPORTS_KEPT = 32
+
+# The longest time between two writes of a live worker.
+MAX_HEARTBEAT_SECONDS = 10.0
+
+# Phases whose start is written at once (the others wait for the heartbeat).
+_WRITTEN_PHASES = ('training', 'evaluate', 'checkpoint')
+
+# The shortest time between two writes (but the last): frequent reports
+# (the digits job reports every 11 steps, 10 times a second) are written
+# together, so the writer costs the same whatever the report interval.
+MIN_WRITE_SECONDS = 1.0
+
+# How long the end of a run waits for its last write (a store that does not
+# answer must not hold the exit).
+_FINAL_WRITE_SECONDS = 10.0
+
+
+# How often the stall meter looks at the clock; a look later than twice
+# this counts as time the process was kept from running.
+_STALL_TICK_SECONDS = 0.05
+
+
+class StallMeter:
+  """Seconds this process was kept from running: stopped (SIGSTOP), or
+  starved of CPU by the machine.
+
+  A thread sleeps `_STALL_TICK_SECONDS` again and again; a wake-up much
+  later than asked means no thread of the process ran meanwhile. Neither
+  the process's CPU time nor a loop's wall time shows such a stall: the
+  all-reduce makes every worker's loop as long as the slowest's.
+  """
+
+  def __init__(self):
+    self._stalled = 0.0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._measure, daemon=True,
+                                    name='ctl-stall-meter')
+    self._thread.start()
+
+  def seconds(self) -> float:
+    """Stalled seconds since the meter started."""
+    return self._stalled
+
+  def stop(self) -> None:
+    self._stop.set()
+
+  def _measure(self) -> None:
+    before = time.monotonic()
+    while not self._stop.wait(_STALL_TICK_SECONDS):
+      now = time.monotonic()
+      if now - before > 2 * _STALL_TICK_SECONDS:
+        self._stalled += now - before - _STALL_TICK_SECONDS
+      before = now
+
+
+def heartbeat_seconds(timeout_seconds: float) -> float:
+  """Seconds between two writes: a quarter of the watchdog's timeout, so
+  that a peer's file older than half of it means that peer stopped."""
+  if timeout_seconds <= 0:
+    return MAX_HEARTBEAT_SECONDS
+  return min(MAX_HEARTBEAT_SECONDS, timeout_seconds / 4)
+
+
+class WorkerStatus:
+  """This worker's status file, kept current by a background thread.
+
+  Made before training; nothing is written before `start()` (a run that
+  fails its checks at start writes nothing). With workdir None it only
+  times phases.
+  """
+
+  def __init__(self, workdir: str | None, *, worker_index: int = 0,
+               num_workers: int = 1, timeout_seconds: float = 0.0,
+               progress_age: Callable[[], float] = lambda: 0.0,
+               on_report: Callable[[], None] | None = None):
+    """Args as named.
+
+    Args:
+      progress_age: seconds since this worker last made progress (the
+        watchdog's seconds_since_progress).
+      on_report: called on the writer thread after each report's write
+        (the chief's straggler check, which reads the peers' files).
+    """
+    self.workdir = workdir
+    self.path = (workdir_lib.worker_status_path(workdir, worker_index)
+                 if workdir else None)
+    self.worker_index = worker_index
+    self._progress_age = progress_age
+    self._on_report = on_report
+    self._reported = False  # A report waits for the writer thread.
+    self._stalls = None  # The StallMeter, once training starts.
+    self._stalled_before = 0.0  # Its seconds at the last report.
+    self._fields = {
+        'worker': worker_index, 'num_workers': num_workers,
+        'host': socket.gethostname(), 'pid': os.getpid(),
+        'timeout_seconds': timeout_seconds,
+        'heartbeat_seconds': heartbeat_seconds(timeout_seconds),
+        'started': time.time(), 'state': RUNNING, 'phase': 'start-up',
+        'step': None, 'reason': None, 'exit_code': None,
+    }
+    self._seconds = collections.defaultdict(float)  # Since the last report.
+    self._reports = collections.deque(maxlen=REPORTS_KEPT)
+    self._lock = threading.Lock()
+    self._wake = threading.Event()
+    self._ended = threading.Event()
+    self._thread = None
+
+  @property
+  def started(self) -> bool:
+    return self._thread is not None
+
+  def start(self, *, step: int, total_steps: int, steps_per_epoch: int,
+            num_epochs: int) -> None:
+    """Training starts at `step`: the file is written from now on."""
+    with self._lock:
+      self._fields.update(step=step, total_steps=total_steps,
+                          steps_per_epoch=steps_per_epoch,
+                          num_epochs=num_epochs, phase='first step')
+    if self.path is None or self._thread is not None:
+      return
+    self._wake.set()  # The first write at once.
+    self._stalls = StallMeter()
+    self._thread = threading.Thread(target=self._write_until_ended,
+                                    daemon=True, name='ctl-worker-status')
+    self._thread.start()
+
+  @contextlib.contextmanager
+  def phase(self, name: str, step: int | None = None):
+    """Times a phase (a loop of steps: 'training', or an action by its
+    name); with `step`, the step reached when it ends."""
+    with self._lock:
+      if not (name == 'training' and self._fields['phase'] == 'first step'):
+        self._fields['phase'] = name
+    if name in _WRITTEN_PHASES and name != 'training':
+      self._wake.set()
+    wall, cpu = time.monotonic(), time.process_time()
+    try:
+      yield
+    finally:
+      wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+      with self._lock:
+        self._seconds[name] += wall
+        if name == 'training':
+          self._seconds['training_cpu'] += cpu
+          if self._fields['phase'] == 'first step':
+            self._fields['phase'] = 'training'
+            self._wake.set()
+        if step is not None:
+          self._fields['step'] = step
+
+  def report(self, event) -> None:
+    """The `worker-status` action: this report's timings, written."""
+    logs = event.train_logs or {}
+    stalled = self._stalls.seconds() if self._stalls else 0.0
+    with self._lock:
+      # All of it, not only the loops': a worker stopped between its loops
+      # holds the others up in their next loop's all-reduce.
+      self._seconds['stalled'] = stalled - self._stalled_before
+      self._stalled_before = stalled
+      self._reports.append({
+          'step': event.step, 'time': time.time(),
+          'steps_per_second': logs.get('steps_per_second'),
+          'seconds': {name: round(value, 6)
+                      for name, value in self._seconds.items()}})
+      self._seconds.clear()
+      self._reported = True
+    self._wake.set()
+
+  def finish(self, state: str, reason: str | None, exit_code: int) -> None:
+    """The run ended: its state, why, and the process's exit code; written
+    before this returns (within _FINAL_WRITE_SECONDS)."""
+    with self._lock:
+      if self._fields['state'] != RUNNING:
+        return  # The first end is the one that counts.
+      self._fields.update(state=state, reason=reason, exit_code=exit_code,
+                          phase=state)
+    if self._thread is None:
+      return
+    self._ended.set()
+    self._wake.set()
+    self._thread.join(_FINAL_WRITE_SECONDS)
+    self._stalls.stop()
+
+  @contextlib.contextmanager
+  def recording(self):
+    """Within it, an exception that ends the run is written as its end."""
+    try:
+      yield self
+    except errors.Preempted as error:
+      self.finish(STOPPED, f'preempted: {error}', error.exit_code)
+      raise
+    except errors.CtlError as error:
+      self.finish(FAILED, str(error), error.exit_code)
+      raise
+    except KeyboardInterrupt:
+      self.finish(STOPPED, 'Ctrl-C', 130)
+      raise
+    except Exception as error:
+      self.finish(FAILED, f'{type(error).__name__}: {errors.summary(error)}',
+                  errors.EXIT_FAILURE)
+      raise
+
+  def snapshot(self) -> dict:
+    """The file's content now."""
+    now = time.time()
+    with self._lock:
+      fields = dict(self._fields)
+      fields['reports'] = list(self._reports)
+    steps_per_epoch = fields.get('steps_per_epoch')
+    if fields['step'] is not None and steps_per_epoch:
+      fields['epoch'] = max(1, -(-fields['step'] // steps_per_epoch))
+    fields['time'] = now
+    fields['progress_time'] = now - self._progress_age()
+    return fields
+
+  def _write_until_ended(self) -> None:
+    """The writer thread: writes at each wake-up and heartbeat, at most
+    once a `MIN_WRITE_SECONDS`, and last the end."""
+    heartbeat = self._fields['heartbeat_seconds']
+    pause = min(MIN_WRITE_SECONDS, heartbeat / 2)
+    folder_made = False
+    while True:
+      self._wake.wait(heartbeat)
+      self._wake.clear()
+      # Read before the snapshot: finish() sets the fields, then this.
+      ended = self._ended.is_set()
+      with self._lock:
+        reported, self._reported = self._reported, False
+      try:
+        if not folder_made:
+          storage.makedirs(os.path.dirname(self.path))
+          folder_made = True
+        storage.write_json(self.path, self.snapshot())
+        if reported and self._on_report:
+          self._on_report()
+      except Exception as error:  # pylint: disable=broad-except
+        # Never fatal: training goes on without its status file.
+        logging.log_every_n_seconds(
+            logging.WARNING, 'Could not write the status file %s: %s', 600,
+            self.path, error)
+      if ended:
+        return
+      self._ended.wait(pause)  # The end cuts the pause short.
+
+
+def read_all(workdir: str) -> dict[int, dict]:
+  """{worker index: its status} of every status file in the workdir."""
+  folder = workdir_lib.workers_dir(workdir)
+  try:
+    names = storage.listdir(folder) if storage.isdir(folder) else []
+  except Exception:  # pylint: disable=broad-except
+    return {}
+  found = {}
+  for name in names:
+    if name.startswith('worker-') and name.endswith('.json'):
+      index = name[len('worker-'):-len('.json')]
+      if index.isdigit():
+        try:
+          content = storage.read_json(storage.join(folder, name))
+        except ValueError:  # Never half-written; but a stranger's file.
+          continue
+        if content is not None:
+          found[int(index)] = content
+  return found
+
+
+def read_peers(workdir: str, num_workers: int) -> dict[int, dict | None]:
+  """{worker index: its status, or None without one} for the job's
+  workers."""
+  found = {}
+  for index in range(num_workers):
+    try:
+      found[index] = storage.read_json(
+          workdir_lib.worker_status_path(workdir, index))
+    except Exception:  # pylint: disable=broad-except
+      found[index] = None
+  return found
+
+
+def describe(status: dict, now: float) -> str:
+  """One worker's status in a few words: where it was and when."""
+  step = status.get('step')
+  return (f'worker {status["worker"]} ({status["host"]}, pid '
+          f'{status["pid"]}): {status["state"]}, phase {status["phase"]}, '
+          f'step {"?" if step is None else step}, status '
+          f'{now - status["time"]:.0f} s old, last progress '
+          f'{now - status["progress_time"]:.0f} s ago')
+
+
+def stalled_peers(peers: dict[int, dict | None], me: int,
+                  now: float) -> list[str]:
+  """The peers that stopped making progress, each with why it is named.
+
+  In order of evidence: no status at all, a run that ended, a file that
+  stopped changing (the process is stopped, dead or cut off: its writer
+  thread is silent), a step behind this worker's; failing those, a phase
+  other than this worker's.
+  """
+  mine = peers.get(me) or {}
+  my_step = mine.get('step')
+  named = []
+  for index, status in sorted(peers.items()):
+    if index == me:
+      continue
+    if status is None:
+      named.append(f'worker {index}: wrote no status (it never started '
+                   'training)')
+    elif status['state'] != RUNNING:
+      named.append(f'{describe(status, now)}; it ended: {status["reason"]}')
+    elif now - status['time'] > 2 * status['heartbeat_seconds']:
+      named.append(f'{describe(status, now)}: its status stopped changing '
+                   '(stopped, dead or unreachable)')
+    elif (my_step is not None and status.get('step') is not None and
+          status['step'] < my_step):
+      named.append(f'{describe(status, now)}: behind this worker\'s step '
+                   f'{my_step}')
+  if named:
+    return named
+  return [f'{describe(status, now)}: in another phase than this worker\'s '
+          f'({mine.get("phase")})'
+          for index, status in sorted(peers.items())
+          if index != me and status is not None and
+          status['phase'] != mine.get('phase')]

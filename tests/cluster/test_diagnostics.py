@@ -1,0 +1,270 @@
+"""Seeing into a job: a hung worker named, SIGUSR1 dumps, `ctl.status`.
+
+Real workers and real signals: worker 1 dumps on SIGUSR1 and trains on,
+then is stopped for good (SIGSTOP); worker 0's watchdog ends the job and
+its error line names worker 1; ctl.status reads the workdir throughout.
+"""
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ctl import errors
+from ctl import status as status_lib
+from ctl.cluster import stragglers
+from ctl.cluster import worker_status
+import helpers
+
+TIMEOUT_SECONDS = 15
+ARGS = (f'--config={helpers.DIGITS}', '--config.num_epochs=200',
+        '--config.steps_per_loop=4', '--config.intervals.log_steps=4',
+        f'--config.distribution.timeout_seconds={TIMEOUT_SECONDS}')
+
+
+def ctl_status(workdir) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, '-m', 'ctl.status', str(workdir)],
+                        cwd=helpers.REPO, env=helpers.env_with(),
+                        capture_output=True, text=True, timeout=120)
+
+
+def wait_for_file(path, process, timeout=120) -> str:
+  """The file's text once it exists, while process runs."""
+  deadline = time.monotonic() + timeout
+  while not path.exists():
+    assert process.poll() is None, 'exited before writing ' + str(path)
+    assert time.monotonic() < deadline, f'no {path} within {timeout} s'
+    time.sleep(0.05)
+  return path.read_text()
+
+
+def wait_for_step(worker: helpers.Watched, step: int, timeout=120) -> None:
+  """Waits until the worker logged a step at or after `step`."""
+  deadline = time.monotonic() + timeout
+  while max(map(int, re.findall(r' step (\d+)/', worker.output)),
+            default=0) < step:
+    assert worker.process.poll() is None, worker.output[-3000:]
+    assert time.monotonic() < deadline, f'no step {step} within {timeout} s'
+    time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_is_named_with_the_stacks_and_sigusr1_dumps(
+    tmp_path):
+  workdir = tmp_path / 'workdir'
+  workers = [helpers.Watched(helpers.ctl_command(*ARGS,
+                                                 f'--workdir={workdir}'), env)
+             for env in helpers.cluster_envs(2)]
+  try:
+    workers[1].wait_for(r'step 8/')
+    running = ctl_status(workdir)
+    assert running.returncode == 0, running.stderr[-3000:]
+    assert ': RUNNING: training' in running.stdout
+    assert 'workers (2):' in running.stdout
+
+    # SIGUSR1: a dump, and training goes on.
+    victim = workers[1].process
+    victim.send_signal(signal.SIGUSR1)
+    dump = wait_for_file(
+        workdir / 'diagnostics' / f'worker-1-{victim.pid}.txt', victim)
+    assert 'SIGUSR1 asked' in dump
+    assert '--- Thread MainThread' in dump
+    assert re.search(r'  worker 0 \(\S+, pid \d+\): running', dump)
+    step = int(re.search(r'This worker: .* step (\d+)', dump).group(1))
+    wait_for_step(workers[1], step + 8)
+
+    # Stopped for good: worker 0 names it.
+    victim.send_signal(signal.SIGSTOP)
+    assert workers[0].wait(timeout=TIMEOUT_SECONDS + 120) == (
+        errors.EXIT_PEER_FAILED)
+    [line] = [line for line in workers[0].output.splitlines()
+              if line.startswith('ctl: error:')]
+    # TensorFlow's gRPC may give up before the watchdog, while worker 1's
+    # status is still recent: then it is named as behind.
+    assert re.search(r'Stopped making progress: worker 1 \(\S+, pid '
+                     rf'{victim.pid}\): running, phase [\w -]+, step \d+.*: '
+                     r'(its status stopped changing|behind this worker)',
+                     line), line
+    chief_dump = workdir / 'diagnostics' / (
+        f'worker-0-{workers[0].process.pid}.txt')
+    assert str(chief_dump) in line
+    stacks = chief_dump.read_text()
+    # Whichever ended the wait (TensorFlow's gRPC or the watchdog), the
+    # dump shows where the main thread waited: in the loop of steps (the
+    # watchdog's, in its stack; TensorFlow's, in its error's traceback).
+    assert re.search(r'(no progress for distribution.timeout_seconds=15|'
+                     r'TensorFlow reported a lost peer)', stacks), stacks
+    assert 'in _train' in stacks, stacks
+    assert '--- Thread MainThread' in stacks
+    assert re.search(r'  worker 1 \(\S+, pid \d+\): running.*status \d+ s '
+                     'old', stacks)
+
+    failed = ctl_status(workdir)
+    assert failed.returncode == 0, failed.stderr[-3000:]
+    assert ': FAILED: worker 0 exited with code 43' in failed.stdout
+    assert f'latest diagnostics: {chief_dump}' in failed.stdout
+  finally:
+    for worker in workers:
+      worker.kill()
+
+
+@pytest.mark.slow
+def test_a_worker_slowed_by_half_is_named_as_the_straggler_then_recovers(
+    tmp_path):
+  seed = int(os.environ.get('CTL_STRAGGLER_SEED', random.randrange(10**6)))
+  print(f'seed {seed} (CTL_STRAGGLER_SEED={seed} reproduces it)')
+  slow_from = random.Random(seed).randrange(40, 200)
+  # A report every 22 steps: each spans a SIGSTOP once slowed.
+  workers = [helpers.Watched(helpers.ctl_command(
+      *ARGS[:-2], '--config.intervals.log_steps=22',
+      '--config.intervals.summary_steps=22',
+      '--config.distribution.timeout_seconds=120',
+      f'--workdir={tmp_path}'), env) for env in helpers.cluster_envs(2)]
+  chief, victim = workers[0], workers[1].process
+  slowed = threading.Event()
+
+  def stop_half_the_time():
+    while slowed.is_set():
+      victim.send_signal(signal.SIGSTOP)
+      time.sleep(0.15)
+      victim.send_signal(signal.SIGCONT)
+      time.sleep(0.15)
+
+  try:
+    wait_for_step(chief, slow_from)
+    assert 'Straggler' not in chief.output  # Nothing while workers are even.
+    reports_before = len(re.findall(r' step \d+/', chief.output))
+    slowed.set()
+    duty = threading.Thread(target=stop_half_the_time, daemon=True)
+    duty.start()
+    named = chief.wait_for(r'Straggler: worker (\d+) \(\S+, pid (\d+)\) is '
+                           r'compute-bound')
+    assert named.groups() == ('1', str(victim.pid))
+    reports = len(re.findall(r' step \d+/', chief.output)) - reports_before
+    print(f'named after {reports} reports: {named.group(0)}')
+    assert reports <= 8, f'named after {reports} reports'
+    slowed.clear()
+    duty.join()
+    chief.wait_for(rf'Worker 1 \(\S+, pid {victim.pid}\) is no longer a '
+                   'straggler')
+    assert 'Straggler: worker 0' not in chief.output
+  finally:
+    slowed.clear()
+    for worker in workers:
+      if worker.process.poll() is None:
+        worker.process.send_signal(signal.SIGCONT)
+      worker.kill()
+
+
+@pytest.mark.slow
+def test_status_of_a_sigtermed_then_finished_run_and_of_no_run(tmp_path):
+  args = (f'--config={helpers.DIGITS}', '--config.num_epochs=2',
+          '--config.intervals.log_steps=4', '--config.steps_per_loop=4')
+  job, code, _ = helpers.sigterm_after(
+      lambda attempt: helpers.Watched(helpers.ctl_command(
+          *args, f'--workdir={tmp_path / str(attempt)}')),
+      r'step 8/', 88)
+  assert code == errors.EXIT_PREEMPTED, job.output[-3000:]
+  workdir = tmp_path / re.search(r'--workdir=\S+/(\d+)',
+                                 ' '.join(job.process.args)).group(1)
+  stopped = ctl_status(workdir)
+  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert re.search(r': STOPPED: worker 0 exited with code 42: preempted: '
+                   r'Stopped by SIGTERM after step \d+ of 88',
+                   stopped.stdout), stopped.stdout
+  assert 'last checkpoint: step' in stopped.stdout
+
+  resumed = helpers.run_ctl(*args, f'--workdir={workdir}')
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  finished = ctl_status(workdir)
+  assert ': FINISHED: training finished (exit code 0)' in finished.stdout
+  assert 'step 88 of 88, epoch 2 of 2' in finished.stdout
+  assert re.search(r'best accuracy: [\d.]+ at step \d+', finished.stdout)
+
+  nothing = ctl_status(tmp_path / 'nothing')
+  assert nothing.returncode == errors.EXIT_USAGE
+  assert nothing.stderr.startswith('ctl: error: No run in ')
+
+
+def _status(index, *, step=40, age=1.0, progress_age=1.0, state='running',
+            phase='training', now=1000.0):
+  """A worker's status as its file holds it."""
+  return {'worker': index, 'num_workers': 2, 'host': 'h', 'pid': 100 + index,
+          'state': state, 'phase': phase, 'step': step, 'reason': None,
+          'exit_code': None, 'time': now - age,
+          'progress_time': now - progress_age, 'timeout_seconds': 20.0,
+          'heartbeat_seconds': 5.0}
+
+
+def test_hung_is_a_status_that_stopped_changing_or_a_worker_without_progress():
+  now = 1000.0
+  fresh = {0: _status(0), 1: _status(1)}
+  assert status_lib.run_state(fresh, None, now)[0] == 'running'
+  stale = {0: _status(0), 1: _status(1, age=21.0)}
+  state, why = status_lib.run_state(stale, None, now)
+  assert state == 'hung' and why.startswith(
+      "worker 1's status stopped changing 0:00:21 ago"), why
+  stuck = {0: _status(0, progress_age=30.0), 1: _status(1)}
+  state, why = status_lib.run_state(stuck, None, now)
+  assert (state, why) == ('hung', 'worker 0 made no progress for 0:00:30 '
+                          '(in phase training at step 40)')
+
+
+def test_the_peer_named_is_the_one_whose_status_stopped_or_lags():
+  now = 1000.0
+  me = _status(0, progress_age=20.0)
+  assert worker_status.stalled_peers(
+      {0: me, 1: _status(1, age=12.0)}, 0, now)[0].endswith(
+          'its status stopped changing (stopped, dead or unreachable)')
+  assert 'behind this worker\'s step 40' in worker_status.stalled_peers(
+      {0: me, 1: _status(1, step=36)}, 0, now)[0]
+  assert worker_status.stalled_peers({0: me, 1: None}, 0, now) == [
+      'worker 1: wrote no status (it never started training)']
+  assert 'in another phase' in worker_status.stalled_peers(
+      {0: me, 1: _status(1, phase='evaluate')}, 0, now)[0]
+  assert worker_status.stalled_peers({0: me, 1: _status(1)}, 0, now) == []
+
+
+def _reports(own_seconds, wall=1.0, first_step=4):
+  """Status reports, one per value of the worker's own seconds."""
+  return [{'step': first_step + 4 * index,
+           'seconds': {'training': wall, 'training_cpu': own / 2,
+                       'stalled': own / 2}}
+          for index, own in enumerate(own_seconds)]
+
+
+def test_a_straggler_is_named_after_the_window_and_again_when_it_recovers():
+  check = stragglers.StragglerCheck('unused', 2, factor=1.5, reports=3)
+
+  def lines(worker0, worker1):
+    return check.update({
+        0: {**_status(0), 'reports': _reports(worker0)},
+        1: {**_status(1), 'reports': _reports(worker1)}})
+
+  assert lines([0.2, 0.2], [0.2, 0.9]) == []  # Two reports: no window yet.
+  assert lines([0.2] * 3, [0.25, 0.2, 0.3]) == []  # Even.
+  assert lines([0.2] * 3, [0.2, 2.0, 0.2]) == []  # One stall.
+  # Slow in each report of the window, by more than a fifth of the loops'
+  # wall time.
+  [named] = lines([0.2] * 4, [0.2, 0.9, 0.9, 0.9])
+  assert named.startswith('Straggler: worker 1 (h, pid 101) is '
+                          'compute-bound'), named
+  assert lines([0.2] * 5, [0.2, 0.9, 0.9, 0.9, 0.9]) == []  # Said once.
+  assert lines([0.2] * 3, [0.9, 0.2, 0.2]) == []  # Not slow in all: yet.
+  # Above the factor, but by less than a fifth of the wall time: even.
+  assert check.update({
+      0: {**_status(0), 'reports': _reports([0.01] * 3, wall=3.0)},
+      1: {**_status(1), 'reports': _reports([0.1] * 3, wall=3.0)},
+  }) == ['Worker 1 (h, pid 101) is no longer a straggler: 0.30 s of CPU '
+         'and stalls in its loops over the last 3 reports, against 0.03 s '
+         'for the others.']
+  # Only reports every worker wrote count.
+  assert check.update({
+      0: {**_status(0), 'reports': _reports([0.2] * 3)},
+      1: {**_status(1), 'reports': _reports([0.9] * 3, first_step=8)}}) == []
