@@ -4,6 +4,8 @@
 ConfigDict flows down: each builder takes the section it needs.
 """
 
+import contextlib
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -352,6 +354,18 @@ def _shown_bytes(text: str) -> str:
     return repr(text)
 
 
+@contextlib.contextmanager
+def loading_user_file():
+  """While a user's config or sweep file is imported: no __pycache__ is
+  written beside it (a run writes nowhere but its workdir)."""
+  before = sys.dont_write_bytecode
+  sys.dont_write_bytecode = True
+  try:
+    yield
+  finally:
+    sys.dont_write_bytecode = before
+
+
 def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
                        argv: Sequence[str] | None = None):
   """Defines --config: a config file, locked, overridable by --config.key=v.
@@ -385,7 +399,8 @@ def load(config_file: str,
   flag_values = flags.FlagValues()
   config_flag = define_config_flag(flag_values, argv)
   try:
-    flag_values(argv)
+    with loading_user_file():
+      flag_values(argv)
     config = config_flag.value
     config.keys()  # A config file that failed to load raises when read.
   except Exception as error:  # pylint: disable=broad-except

@@ -108,7 +108,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(0)
   try:
     # A task's config file may import TensorFlow: quietly, then.
-    with tf_process.quiet_start_up():
+    with tf_process.quiet_start_up(), config_lib.loading_user_file():
       remaining = flags.FLAGS(argv)
       _CONFIG.value.keys()  # A config file that failed to load raises here.
       config_lib.check_type(_CONFIG.value)

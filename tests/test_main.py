@@ -148,8 +148,11 @@ def test_hostile_input_is_one_error_line_and_writes_nothing(
   before = sorted(tmp_path.rglob('*'))
   workdir = os.fsencode(tmp_path) + b'/' + (
       workdir if isinstance(workdir, bytes) else workdir.encode())
+  # As in a user's shell (and CI): Python writes bytecode where it may.
+  env = helpers.env_with()
+  env.pop('PYTHONDONTWRITEBYTECODE', None)
   run = subprocess.run(helpers.ctl_command(*args, b'--workdir=' + workdir),
-                       cwd=helpers.REPO, env=helpers.env_with(),
+                       cwd=helpers.REPO, env=env,
                        capture_output=True, text=True, timeout=600)
   errors = [line for line in run.stderr.splitlines()
             if line.startswith('ctl: error: ')]

@@ -6,12 +6,17 @@ run that is no search's trial never imports it.
 """
 
 import os
+import time
 from typing import Any
 
 from ctl import errors
 from ctl import storage
 
 SEARCH = 'ctl.search'  # The study's user attribute describing its search.
+# Opening a new database creates Optuna's tables; two sweep processes
+# opening it at once race there (one gets "type ... already exists"), and
+# the loser's next try finds the tables made.
+_SCHEMA_RACE_TRIES = 5
 
 
 def import_optuna():
@@ -53,9 +58,23 @@ def open_storage(url: str):
     if url.startswith('postgresql'):
       # A host that drops packets must not hang the sweep.
       engine_kwargs = {'connect_args': {'connect_timeout': 10}}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    return _open_database(optuna, url, engine_kwargs)
   except Exception as error:  # pylint: disable=broad-except
     raise unreachable(url, error) from error
+
+
+def _open_database(optuna, url: str, engine_kwargs: dict):
+  """An RDBStorage, tried again where another process was creating its
+  tables at the same moment."""
+  import sqlalchemy.exc  # pylint: disable=g-import-not-at-top
+  for attempt in range(_SCHEMA_RACE_TRIES):
+    try:
+      return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except (sqlalchemy.exc.ProgrammingError,
+            sqlalchemy.exc.IntegrityError):
+      if attempt == _SCHEMA_RACE_TRIES - 1:
+        raise
+      time.sleep(0.5 * (attempt + 1))
 
 
 def unreachable(url: str, error: Exception) -> errors.CtlError:

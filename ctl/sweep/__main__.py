@@ -33,7 +33,6 @@ on).
 
 import dataclasses
 import os
-import signal
 import sys
 import time
 
@@ -173,29 +172,27 @@ class _Runner:
     self._trials = trials
     self._parallel = parallel
     self._running = {}  # Popen -> (trial, start time, log file)
-    self._stop_requested = False
 
   def run(self) -> bool:
     """Runs every unfinished trial; returns whether a signal stopped it."""
     pending = []
     for trial in self._trials:
       if trial.finished:
-        _say(f'{trial.name}: finished before, skipped')
+        trials_lib.say(f'{trial.name}: finished before, skipped')
       else:
         pending.append(trial)
-    previous = {signum: signal.signal(signum, self._request_stop)
-                for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-      while pending or self._running:
+    stops = trials_lib.StopSignals('stopping the running trials; they save '
+                                   'a checkpoint. Run the same command to go '
+                                   'on.')
+    with stops:
+      while (pending and not stops.requested) or self._running:
         while (pending and len(self._running) < self._parallel and
-               not self._stop_requested):
+               not stops.requested):
           self._start(pending.pop(0))
+        stops.forward(self._running)
         self._collect_exited()
         time.sleep(0.2)
-    finally:
-      for signum, handler in previous.items():
-        signal.signal(signum, handler)
-    return self._stop_requested
+    return stops.requested
 
   def _start(self, trial: trials_lib.Trial) -> None:
     storage.makedirs(trial.workdir)
@@ -205,7 +202,7 @@ class _Runner:
     log.flush()
     process = subprocesses.start(list(trial.command), stdout=log)
     self._running[process] = (trial, time.monotonic(), log)
-    _say(f'{trial.name}: started (pid {process.pid})')
+    trials_lib.say(f'{trial.name}: started (pid {process.pid})')
 
   def _collect_exited(self) -> None:
     for process in [p for p in self._running if p.poll() is not None]:
@@ -220,23 +217,10 @@ class _Runner:
       storage.write_json(os.path.join(trial.workdir, 'trial.json'),
                              record)
       if process.returncode == 0:
-        _say(f'{trial.name}: finished in {record["wall_seconds"]:.1f} s')
+        trials_lib.say(f'{trial.name}: finished in {record["wall_seconds"]:.1f} s')
       else:
-        _say(f'{trial.name}: FAILED with exit code {process.returncode}; '
+        trials_lib.say(f'{trial.name}: FAILED with exit code {process.returncode}; '
              f'log: {os.path.join(trial.workdir, "log.txt")}')
-
-  def _request_stop(self, signum, frame) -> None:
-    del frame
-    if not self._stop_requested:
-      _say(f'{signal.Signals(signum).name}: stopping the running trials; '
-           'they save a checkpoint. Run the same command to go on.')
-    self._stop_requested = True
-    for process in self._running:
-      process.send_signal(signal.SIGTERM)
-
-
-def _say(message: str) -> None:
-  print(f'[sweep] {message}', flush=True)
 
 
 if __name__ == '__main__':

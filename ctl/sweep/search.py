@@ -93,17 +93,18 @@ class Runner:
     self._running = {}  # Popen -> (number, Trial, start time, log file)
     self._renewed = 0.0
     self._looked = 0.0
-    self._stop_requested = False
+    self._stops = trials_lib.StopSignals(
+        'stopping the running trials; they save a checkpoint, and any sweep '
+        'process of this study resumes them.')
 
   def run(self) -> bool:
     """Runs trials until the budget is done; returns whether a signal
     stopped it."""
-    previous = {signum: signal.signal(signum, self._request_stop)
-                for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with self._stops:
       while True:
+        self._stops.forward(self._running)
         self._collect_exited()
-        if self._stop_requested:
+        if self._stops.requested:
           if not self._running:
             break
         else:
@@ -115,10 +116,7 @@ class Runner:
             if len(self._running) < self._parallel:
               self._start_next()
         time.sleep(_POLL_SECONDS)
-    finally:
-      for signum, handler in previous.items():
-        signal.signal(signum, handler)
-    return self._stop_requested
+    return self._stops.requested
 
   def trials(self) -> list[tuple[trials_lib.Trial, str]]:
     """The budget's trials so far and their study states, by number."""
@@ -160,7 +158,7 @@ class Runner:
       if (frozen.state.name == 'RUNNING' and frozen.number not in mine and
           self._leases.is_free(frozen)):
         if self._leases.claim(frozen):
-          _say(f'{study_lib.trial_name(frozen.number)}: taken over (nobody '
+          trials_lib.say(f'{study_lib.trial_name(frozen.number)}: taken over (nobody '
                'held it); resuming it from its checkpoint')
           self._start(frozen.number, self._overrides(frozen))
           return
@@ -199,7 +197,7 @@ class Runner:
     log.flush()
     process = subprocesses.start(list(trial.command), stdout=log)
     self._running[process] = (number, trial, time.monotonic(), log)
-    _say(f'{trial.name}: started (pid {process.pid}): '
+    trials_lib.say(f'{trial.name}: started (pid {process.pid}): '
          + ' '.join(config_lib.override_flags(overrides)))
 
   def _renew(self) -> None:
@@ -209,7 +207,7 @@ class Runner:
     self._renewed = time.monotonic()
     for process, (number, trial, _, _) in self._running.items():
       if not self._leases.held_by_me(number):
-        _say(f'{trial.name}: another sweep process took it over; stopping '
+        trials_lib.say(f'{trial.name}: another sweep process took it over; stopping '
              'it here')
         process.send_signal(signal.SIGTERM)
         continue
@@ -237,11 +235,11 @@ class Runner:
     if frozen.state.is_finished() or not self._leases.held_by_me(number):
       return  # Another process holds it now (it took it over).
     log = os.path.join(trial.workdir, 'log.txt')
-    if code == errors.EXIT_PREEMPTED or (code and self._stop_requested):
+    if code == errors.EXIT_PREEMPTED or (code and self._stops.requested):
       # Stopped, with a checkpoint where it had started training (SIGTERM
       # before ctl.main handles it kills it): not the trial's failure.
       self._leases.release(frozen)
-      _say(f'{trial.name}: stopped with a checkpoint; any sweep process of '
+      trials_lib.say(f'{trial.name}: stopped with a checkpoint; any sweep process of '
            'this study resumes it')
       return
     results = workdir_lib.read_results(trial.workdir) if code == 0 else None
@@ -250,10 +248,10 @@ class Runner:
     if results is not None and stopped.get('reason', '').startswith('pruned'):
       self._study.tell(number, state=study_lib.PRUNED_STATE,
                        skip_if_finished=True)
-      _say(f'{trial.name}: PRUNED at step {stopped["step"]}')
+      trials_lib.say(f'{trial.name}: PRUNED at step {stopped["step"]}')
     elif value is not None:
       self._study.tell(number, float(value), skip_if_finished=True)
-      _say(f'{trial.name}: COMPLETE, {self._sweep.metric} {value:.4f}')
+      trials_lib.say(f'{trial.name}: COMPLETE, {self._sweep.metric} {value:.4f}')
     else:
       why = (f'exit code {code}' if results is None else
              f'no {self._sweep.metric} in its results')
@@ -261,18 +259,4 @@ class Runner:
           frozen._trial_id, study_lib.FAILURE, f'{why}; log: {log}')  # pylint: disable=protected-access
       self._study.tell(number, state=study_lib.FAIL_STATE,
                        skip_if_finished=True)
-      _say(f'{trial.name}: FAILED with {why}; log: {log}')
-
-  def _request_stop(self, signum, frame) -> None:
-    del frame
-    if not self._stop_requested:
-      _say(f'{signal.Signals(signum).name}: stopping the running trials; '
-           'they save a checkpoint, and any sweep process of this study '
-           'resumes them.')
-    self._stop_requested = True
-    for process in self._running:
-      process.send_signal(signal.SIGTERM)
-
-
-def _say(message: str) -> None:
-  print(f'[sweep] {message}', flush=True)
+      trials_lib.say(f'{trial.name}: FAILED with {why}; log: {log}')

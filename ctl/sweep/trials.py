@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -22,6 +23,59 @@ from ctl import storage
 from ctl.runtime import workdir as workdir_lib
 
 _MAX_NAME_CHARS = 80
+
+
+def say(message: str) -> None:
+  """One line of the sweep runner's own output."""
+  print(f'[sweep] {message}', flush=True)
+
+
+class StopSignals:
+  """SIGTERM and SIGINT, while a runner runs trials, kept as a flag.
+
+  The handler only records the signal; the runner's loop calls `forward`,
+  which says so and passes SIGTERM on to the trials. (A handler that
+  printed could interrupt the loop's own print and die with "reentrant
+  call"; one that signalled the trials would miss a trial started between
+  its Popen and its entry in the runner's table.)
+  """
+
+  def __init__(self, message: str):
+    self._message = message
+    self._previous = {}
+    self._forwarded = set()
+    self.signum = None
+
+  @property
+  def requested(self) -> bool:
+    return self.signum is not None
+
+  def __enter__(self) -> 'StopSignals':
+    self._previous = {signum: signal.signal(signum, self._record)
+                      for signum in (signal.SIGTERM, signal.SIGINT)}
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+
+  def _record(self, signum, frame) -> None:
+    del frame
+    if self.signum is None:
+      self.signum = signum
+
+  def forward(self, processes) -> None:
+    """Once a signal came: says so, once, and sends SIGTERM to each of
+    `processes` not sent one yet."""
+    if self.signum is None:
+      return
+    if not self._forwarded:
+      say(f'{signal.Signals(self.signum).name}: {self._message}')
+      self._forwarded.add(None)
+    for process in processes:
+      if process.pid not in self._forwarded:
+        self._forwarded.add(process.pid)
+        process.send_signal(signal.SIGTERM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +123,8 @@ def load_sweep(sweep_file: str) -> tuple[hyper.Sweep, str]:
   try:
     spec = importlib.util.spec_from_file_location('ctl_sweep', sweep_file)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with config_lib.loading_user_file():
+      spec.loader.exec_module(module)
     sweep = module.get_sweep()
   except Exception as error:  # pylint: disable=broad-except
     raise errors.ConfigError(

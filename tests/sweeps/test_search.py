@@ -115,6 +115,26 @@ def test_a_storage_that_does_not_answer_stops_the_sweep_before_any_trial(
   assert errors_printed[0] in run.output
 
 
+def test_processes_opening_a_new_database_at_once_all_open_it(
+    postgres_server, tmp_path):
+  # Each creates Optuna's tables in the empty database: they race there.
+  url = postgres_server.create_database(f'race_{uuid.uuid4().hex[:8]}')
+  go = tmp_path / 'go'
+  code = ('import os, sys, time; from ctl.runtime import studies; '
+          'import optuna.storages, sqlalchemy.exc; '
+          'print("ready", flush=True); deadline = time.monotonic() + 120\n'
+          'while not os.path.exists(sys.argv[2]) and '
+          'time.monotonic() < deadline: time.sleep(0.005)\n'
+          'studies.open_storage(sys.argv[1])')
+  openers = [helpers.Watched([sys.executable, '-c', code, url, str(go)])
+             for _ in range(4)]
+  for opener in openers:
+    opener.wait_for('^ready')
+  go.touch()  # All at once.
+  for opener in openers:
+    assert opener.wait() == 0, opener.output[-2000:]
+
+
 def test_a_sweep_file_of_another_space_than_its_study_is_refused(tmp_path):
   workdir = tmp_path / 'sweep'
   first = _write_sweep(tmp_path / 'first.py', 'hyper.Search(space={'
