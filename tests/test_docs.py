@@ -18,6 +18,7 @@ TOP = ('.ci', 'ctl', 'configs', 'experiments', 'tests', 'benchmarks')
 OTHER_PROGRAMS_FLAGS = {'--ntasks-per-node', '--gpus-per-task', '--requeue',
                         '--signal', '--open-mode', '--distribution',
                         '--logdir', '--durations', '--host', '--port',
+                        '--storage-class',
                         '--xla_cpu_use_onednn',
                         '--xla_cpu_experimental_onednn_custom_call',
                         '--xla_cpu_use_xnnpack', '--xla_dump_to'}
