@@ -10,15 +10,16 @@ PACKAGE = helpers.REPO / 'ctl'
 # Each part of ctl and its layer: a part imports only parts of lower layers.
 LAYERS = {
     'errors': 0,
-    'registry': 1, 'config': 1, 'actions': 1, 'storage': 1,
-    'config_help': 2, 'runtime': 2, 'data': 2, 'hyper': 2,
-    'task': 3, 'task_hooks': 3, 'cluster': 3,
-    'checkpoints': 4,
-    'builtin_tasks': 4,
-    'training': 5,
-    'serving': 6,
-    'modes': 7, 'launch': 7, 'sweep': 7, 'status': 7,
-    'main': 8,
+    'registry': 2, 'config': 2, 'actions': 2, 'storage': 2,
+    'config_help': 3, 'runtime': 3, 'data': 3, 'hyper': 3,
+    'step_context': 4,
+    'task': 5, 'task_hooks': 5, 'cluster': 5,
+    'checkpoints': 6,
+    'builtin_tasks': 6,
+    'training': 7,
+    'serving': 8,
+    'modes': 9, 'launch': 9, 'sweep': 9, 'status': 9,
+    'main': 10,
 }
 
 
