@@ -36,7 +36,6 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from ctl import errors
 from ctl import step_context
 from ctl.data import in_memory
 from ctl.runtime import summaries
@@ -197,67 +196,7 @@ class Task(tf.Module):
     return list(found.values())
 
 
-REQUIRED_HOOKS = ('build', 'train_data', 'train_step')
-
-
-def missing_hooks(task_class: type) -> list[str]:
-  """The hooks a task class must write but does not."""
-  missing = [hook for hook in REQUIRED_HOOKS
-             if getattr(task_class, hook) is getattr(Task, hook)]
-  if (task_class.eval_data is not Task.eval_data and
-      task_class.eval_step is Task.eval_step):
-    missing.append('eval_step (it has eval_data)')
-  return missing
-
-
-# What a task sets that Task declares too: everything else Task (and
-# tf.Module) defines is what ctl calls or reads, and must not be shadowed.
-SETTABLE = ('train_metrics', 'eval_metrics', 'auto_xla')
-
-
-def check_nothing_shadowed(task: Task, config: ml_collections.ConfigDict
-                           ) -> None:
-  """Fails if the task set an attribute that hides what ctl reads of it.
-
-  `self.models = [...]` in build would hide `Task.models()`, which ctl
-  calls to find the models to checkpoint; `self.config = ...` the config
-  ctl gave it.
-
-  Raises:
-    CtlError: naming the attributes and what they hide.
-  """
-  hidden = sorted(name for name in _own_attribute_names(task)
-                  if not name.startswith('_') and name not in SETTABLE
-                  and hasattr(Task, name))
-  if vars(task).get('config', config) is not config:
-    hidden.append('config')
-  if hidden:
-    raise errors.CtlError(
-        f'{type(task).__name__} sets attribute(s) {", ".join(hidden)}, which '
-        'hide ctl.Task\'s own of that name (ctl reads them): rename them, '
-        'e.g. self.model or self.networks instead of self.models.')
-
-
-def check_no_keras_accumulation(task: Task) -> None:
-  """Fails if an optimizer accumulates gradients itself, which Keras 3
-  cannot do on more than one replica (a merge_call inside a tf.cond).
-
-  Raises:
-    CtlError: saying to use config.accumulate_steps or ctx.accumulate.
-  """
-  for value in attribute_values(task):
-    inner = getattr(value, 'inner_optimizer', value)  # LossScaleOptimizer.
-    if (isinstance(inner, keras.optimizers.Optimizer) and
-        (inner.gradient_accumulation_steps or 0) > 1):
-      raise errors.CtlError(
-          f'An optimizer of {type(task).__name__} has gradient_accumulation'
-          f'_steps={inner.gradient_accumulation_steps}, which Keras cannot '
-          'run on more than one replica: leave it out, and set '
-          'config.accumulate_steps (built-in tasks) or call ctx.accumulate '
-          'in train_step.')
-
-
-def _own_attribute_names(task: Task) -> list[str]:
+def own_attribute_names(task: Task) -> list[str]:
   """The names of the task's instance attributes, tf.Module's own aside."""
   return [name for name in vars(task) if not name.startswith('_self_')]
 
@@ -268,7 +207,7 @@ def attribute_values(task: Task) -> list[Any]:
   tf.Module's own tracking attributes (`_self_*`, which hold every tracked
   value again) are left out.
   """
-  found, pending = [], [vars(task)[name] for name in _own_attribute_names(task)]
+  found, pending = [], [vars(task)[name] for name in own_attribute_names(task)]
   while pending:
     value = pending.pop()
     if isinstance(value, Mapping):

@@ -1,8 +1,12 @@
 """ctl's imports go one way: from the commands down to the errors, never
-up, and no module imports itself through others (BUILD.md, "Layout")."""
+up, and no module imports itself through others (BUILD.md, "Layout"); a
+default run imports no code it does not need (TFRecord, TFDS, export)."""
 
 import ast
+import json
 import pathlib
+import subprocess
+import sys
 
 import helpers
 
@@ -92,3 +96,40 @@ def test_no_module_imports_itself_through_others():
   for module in sorted(graph):
     if module not in state:
       assert cycle_from(module, [module]) is None
+
+
+# Built, and its training input made, as a run of configs/digits.py does.
+_BUILD_THE_DEFAULT_TASK = '''
+import json
+import sys
+import tensorflow as tf
+from ctl import config as config_lib
+from ctl.data import inputs
+from ctl.training import assemble
+from ctl.training import steps
+strategy = tf.distribute.get_strategy()
+built = assemble.assemble_locally(config_lib.load('configs/digits.py'),
+                                  strategy)
+inputs.train_input(strategy, built.train_data, seed=0, length=built.length,
+                   pad_loops_to=None, num_local_replicas=1,
+                   context=built.context)
+print(json.dumps(sorted(sys.modules)))
+'''
+# What a task that reads no files, or a run that exports nothing, does not
+# need: imported only when a config names such a task.
+_NOT_NEEDED = (
+    'tensorflow_datasets', 'ctl.data.tfds', 'ctl.data.tfrecord',
+    'ctl.data.tfrecord_files', 'ctl.data.write_tfrecords',
+    'ctl.data.global_batches', 'ctl.builtin_tasks.tfrecord_classification',
+    'ctl.builtin_tasks.tfds_classification', 'ctl.builtin_tasks.keras_model',
+    'ctl.serving.export')
+
+
+def test_the_default_task_imports_no_file_or_export_code():
+  run = subprocess.run([sys.executable, '-c', _BUILD_THE_DEFAULT_TASK],
+                       capture_output=True, text=True, timeout=300,
+                       cwd=helpers.REPO, env=helpers.env_with())
+  assert run.returncode == 0, run.stderr[-3000:]
+  imported = set(json.loads(run.stdout.splitlines()[-1]))
+  assert 'ctl.builtin_tasks.classification' in imported  # It ran.
+  assert sorted(imported & set(_NOT_NEEDED)) == []
