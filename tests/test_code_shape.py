@@ -36,16 +36,19 @@ NOT_YET = {
 
 
 def _not_yet(path: str) -> bool:
+  """Whether path is in NOT_YET, itself or under a folder/* entry."""
   return path in NOT_YET or any(
       name.endswith('/*') and path.startswith(name[:-1]) for name in NOT_YET)
 
 
 def _modules() -> dict[str, str]:
+  """{path under the repository: source} of every module of ctl/."""
   return {str(path.relative_to(helpers.REPO)): path.read_text()
           for path in sorted(PACKAGE.rglob('*.py'))}
 
 
 def _long_functions(path: str, source: str) -> list[str]:
+  """The functions of a module over MAX_FUNCTION_LINES, literals aside."""
   found = []
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
