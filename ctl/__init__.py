@@ -2,7 +2,7 @@
 
 What a user's code needs, importable as `ctl.<name>`:
 
-    ctl.Task, ctl.StepContext     the task API (ctl/task.py)
+    ctl.Task, ctl.StepContext     the task API (ctl/task.py, ctl/step_context.py)
     ctl.InMemory                  arrays that ctl batches and resumes exactly
     ctl.TFRecordSource            TFRecord files; .global_batches() resumes on
                                   any number of workers that divides its
@@ -30,7 +30,7 @@ IMPORT_TIME = time.monotonic()
 
 _PUBLIC = {
     'Task': 'ctl.task',
-    'StepContext': 'ctl.task',
+    'StepContext': 'ctl.step_context',
     'InMemory': 'ctl.task',
     'TFRecordSource': 'ctl.data.tfrecord',
     'Image': 'ctl.task',

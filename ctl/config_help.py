@@ -14,6 +14,7 @@ import tokenize
 import ml_collections
 
 from ctl import config as config_lib
+from ctl import config_checks
 
 # Built-in tasks whose configs start from classification_config().
 _CLASSIFICATION_TASKS = ('classification', 'keras_model')
@@ -62,9 +63,9 @@ def describe(config: ml_collections.ConfigDict) -> str:
   if config.task in _CLASSIFICATION_TASKS:
     reference = config_lib.classification_config
   comments = field_comments([config_lib.base_config, reference])
-  defaults = config_lib.leaves(reference().to_dict())
+  defaults = config_checks.leaves(reference().to_dict())
   lines, sections_seen = [], set()
-  for key, value in config_lib.leaves(config.to_dict()).items():
+  for key, value in config_checks.leaves(config.to_dict()).items():
     section = key.rpartition('.')[0]
     if section in comments and section not in sections_seen:
       lines.append(f'# {section}: {comments[section]}')

@@ -23,6 +23,7 @@ from absl import logging
 
 import ctl
 from ctl import config as config_lib
+from ctl import config_checks
 from ctl import config_help
 from ctl import errors
 from ctl.runtime import progress
@@ -111,7 +112,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     with tf_process.quiet_start_up(), config_lib.loading_user_file():
       remaining = flags.FLAGS(argv)
       _CONFIG.value.keys()  # A config file that failed to load raises here.
-      config_lib.check_type(_CONFIG.value)
+      config_checks.check_type(_CONFIG.value)
   except Exception as error:  # pylint: disable=broad-except
     _exit_usage(config_lib.explain_flag_error(error, argv))
   return remaining

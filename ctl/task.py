@@ -28,7 +28,7 @@ steps in one tf.function, saves, stops on SIGTERM, resumes exactly, logs,
 summarises and evaluates, on one device, several, or several workers.
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -36,10 +36,9 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from ctl import errors
+from ctl import step_context
 from ctl.data import in_memory
 from ctl.runtime import summaries
-from ctl.runtime import tf_internals
 from ctl import actions as actions_lib
 
 InMemory = in_memory.InMemory
@@ -49,153 +48,8 @@ Data = tf.data.Dataset | InMemory
 
 Image = summaries.Image
 Histogram = summaries.Histogram
-
-
-class StepContext:
-  """What a step needs from ctl, without reaching into it.
-
-  Attributes:
-    global_batch_size: examples per step over every replica of every worker,
-      for `tf.nn.compute_average_loss(..., global_batch_size=...)`.
-    step: int64 scalar: the steps finished before this one (0 first).
-    seed: int64 [2]: a stateless random seed, distinct for each (config.seed,
-      step, replica); for `tf.random.stateless_*` ops and Keras layers' seeds.
-    replica_id: this replica's number among num_replicas.
-    num_replicas: replicas in sync, over every worker.
-    training: True in train_step, False in eval_step.
-    accumulate_steps: micro-batches per update (config.accumulate_steps),
-      for `accumulate`.
-    accumulated: whether the step called `accumulate` (ctl checks that one
-      does when accumulate_steps > 1).
-  """
-
-  def __init__(self, *, global_batch_size: int, step: tf.Tensor, seed: int,
-               training: bool, all_reduce_dtype: str = 'float32',
-               accumulate_steps: int = 1):
-    self.global_batch_size = global_batch_size
-    self.training = training
-    self.accumulate_steps = accumulate_steps
-    self.accumulated = False  # Whether the step called accumulate.
-    self._step = step
-    self._seed = seed
-    self._all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
-
-  # Computed when a step reads them: ops a step does not use cost nothing.
-  @property
-  def step(self) -> tf.Tensor:
-    return tf.cast(self._step, tf.int64)
-
-  @property
-  def num_replicas(self) -> int:
-    return tf.distribute.get_replica_context().num_replicas_in_sync
-
-  @property
-  def replica_id(self):
-    return tf.distribute.get_replica_context().replica_id_in_sync_group
-
-  @property
-  def seed(self) -> tf.Tensor:
-    return tf.stack([
-        tf.constant(self._seed, tf.int64),
-        self.step * self.num_replicas + tf.cast(self.replica_id, tf.int64)])
-
-  def all_reduce_sum(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """Sums tensors (gradients) over every replica of every worker.
-
-    Sent in config.distribution.all_reduce_dtype, returned in their own.
-    """
-    values = list(values)
-    if self.num_replicas == 1:
-      return values
-    sent = [tf.cast(value, self._all_reduce_dtype) for value in values]
-    summed = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, sent)
-    return [tf.cast(total, value.dtype) for total, value in zip(summed, values)]
-
-  def apply_reduced_gradients(
-      self, optimizer: keras.optimizers.Optimizer,
-      grads_and_vars: Iterable[tuple[tf.Tensor, tf.Variable]]) -> None:
-    """Applies gradients already summed by all_reduce_sum, as they are.
-
-    `optimizer.apply_gradients` would sum them over the replicas again:
-    Keras 3 optimizers all-reduce in replica context.
-    """
-    with tf_internals.keras_gradients_already_reduced(optimizer):
-      optimizer.apply_gradients(grads_and_vars)
-
-  def apply_gradients(
-      self, optimizer: keras.optimizers.Optimizer,
-      grads_and_vars: Iterable[tuple[tf.Tensor, tf.Variable]]) -> None:
-    """Sums gradients over every replica once, then applies the sum.
-
-    `optimizer.apply_gradients` does the same, except with a
-    keras.optimizers.LossScaleOptimizer (mixed_float16): Keras checks
-    whether the gradients are finite before summing them, on one replica's
-    own (see BUILD.md, "Mixed precision"), so an overflow on another
-    replica reaches the weights as inf or NaN. Here every replica and
-    worker checks the same sum: an overflowing step is skipped everywhere
-    and the loss scale halves.
-    """
-    gradients, variables = zip(*grads_and_vars)
-    self.apply_reduced_gradients(
-        optimizer, zip(self.all_reduce_sum(gradients), variables))
-
-  def accumulate(self, compute: Callable[[Any], tuple[Any, Mapping]],
-                 batch: Any) -> tuple[Any, dict[str, tf.Tensor]]:
-    """Gradient accumulation: `compute` on accumulate_steps micro-batches.
-
-    Splits this replica's batch into `accumulate_steps` equal micro-batches
-    along its first axis and calls `compute(micro_batch) -> (gradients,
-    logs)` on each in turn (a graph loop: one micro-batch's activations in
-    memory at a time). Returns the gradients summed over the micro-batches
-    and the logs averaged over them. With a loss averaged over
-    `global_batch_size` (tf.nn.compute_average_loss), as ever, the sum is
-    the gradient of the whole batch; divide a term counted once per update
-    (a regularization loss) by accumulate_steps. Apply the sum once
-    (`ctx.apply_gradients`): one optimizer step, one all-reduce.
-    """
-    self.accumulated = True
-    if self.accumulate_steps == 1:
-      return compute(batch)
-    parts = self.accumulate_steps
-    micro_batches = tf.nest.map_structure(
-        lambda tensor: _split_rows(tensor, parts), batch)
-    micro_batch = lambda i: tf.nest.map_structure(lambda t: t[i],
-                                                  micro_batches)
-    # The first outside the loop: it gives the sums their structure.
-    first_gradients, first_logs = compute(micro_batch(0))
-    flat = tf.nest.flatten(first_gradients)
-    present = [i for i, gradient in enumerate(flat) if gradient is not None]
-
-    def summable(gradients, logs):
-      # Dense (an embedding's IndexedSlices too); None stays None.
-      flat = tf.nest.flatten(gradients)
-      return ([tf.convert_to_tensor(flat[i]) for i in present],
-              {name: tf.cast(value, tf.float32) for name, value in logs.items()})
-
-    def body(i, sums, log_sums):
-      gradients, logs = summable(*compute(micro_batch(i)))
-      return (i + 1, [a + b for a, b in zip(sums, gradients)],
-              {name: log_sums[name] + logs[name] for name in log_sums})
-
-    _, sums, log_sums = tf.while_loop(
-        lambda i, *_: i < parts, body,
-        [tf.constant(1), *summable(first_gradients, first_logs)],
-        parallel_iterations=1)
-    for i, total in zip(present, sums):
-      flat[i] = total
-    gradients = tf.nest.pack_sequence_as(first_gradients, flat)
-    return gradients, {name: value / parts for name, value in log_sums.items()}
-
-
-def _split_rows(tensor: tf.Tensor, parts: int) -> tf.Tensor:
-  """[rows, ...] -> [parts, rows / parts, ...], static shapes kept (XLA)."""
-  tensor = tf.convert_to_tensor(tensor)
-  if tensor.shape.is_fully_defined():
-    return tf.reshape(tensor, [parts, tensor.shape[0] // parts,
-                               *tensor.shape[1:]])
-  return tf.reshape(
-      tensor, tf.concat([[parts, -1], tf.shape(tensor)[1:]], axis=0))
+# Its own module (ctl/step_context.py); ctl.task.StepContext still names it.
+StepContext = step_context.StepContext
 
 
 class Task(tf.Module):
@@ -342,67 +196,7 @@ class Task(tf.Module):
     return list(found.values())
 
 
-REQUIRED_HOOKS = ('build', 'train_data', 'train_step')
-
-
-def missing_hooks(task_class: type) -> list[str]:
-  """The hooks a task class must write but does not."""
-  missing = [hook for hook in REQUIRED_HOOKS
-             if getattr(task_class, hook) is getattr(Task, hook)]
-  if (task_class.eval_data is not Task.eval_data and
-      task_class.eval_step is Task.eval_step):
-    missing.append('eval_step (it has eval_data)')
-  return missing
-
-
-# What a task sets that Task declares too: everything else Task (and
-# tf.Module) defines is what ctl calls or reads, and must not be shadowed.
-SETTABLE = ('train_metrics', 'eval_metrics', 'auto_xla')
-
-
-def check_nothing_shadowed(task: Task, config: ml_collections.ConfigDict
-                           ) -> None:
-  """Fails if the task set an attribute that hides what ctl reads of it.
-
-  `self.models = [...]` in build would hide `Task.models()`, which ctl
-  calls to find the models to checkpoint; `self.config = ...` the config
-  ctl gave it.
-
-  Raises:
-    CtlError: naming the attributes and what they hide.
-  """
-  hidden = sorted(name for name in _own_attribute_names(task)
-                  if not name.startswith('_') and name not in SETTABLE
-                  and hasattr(Task, name))
-  if vars(task).get('config', config) is not config:
-    hidden.append('config')
-  if hidden:
-    raise errors.CtlError(
-        f'{type(task).__name__} sets attribute(s) {", ".join(hidden)}, which '
-        'hide ctl.Task\'s own of that name (ctl reads them): rename them, '
-        'e.g. self.model or self.networks instead of self.models.')
-
-
-def check_no_keras_accumulation(task: Task) -> None:
-  """Fails if an optimizer accumulates gradients itself, which Keras 3
-  cannot do on more than one replica (a merge_call inside a tf.cond).
-
-  Raises:
-    CtlError: saying to use config.accumulate_steps or ctx.accumulate.
-  """
-  for value in attribute_values(task):
-    inner = getattr(value, 'inner_optimizer', value)  # LossScaleOptimizer.
-    if (isinstance(inner, keras.optimizers.Optimizer) and
-        (inner.gradient_accumulation_steps or 0) > 1):
-      raise errors.CtlError(
-          f'An optimizer of {type(task).__name__} has gradient_accumulation'
-          f'_steps={inner.gradient_accumulation_steps}, which Keras cannot '
-          'run on more than one replica: leave it out, and set '
-          'config.accumulate_steps (built-in tasks) or call ctx.accumulate '
-          'in train_step.')
-
-
-def _own_attribute_names(task: Task) -> list[str]:
+def own_attribute_names(task: Task) -> list[str]:
   """The names of the task's instance attributes, tf.Module's own aside."""
   return [name for name in vars(task) if not name.startswith('_self_')]
 
@@ -413,7 +207,7 @@ def attribute_values(task: Task) -> list[Any]:
   tf.Module's own tracking attributes (`_self_*`, which hold every tracked
   value again) are left out.
   """
-  found, pending = [], [vars(task)[name] for name in _own_attribute_names(task)]
+  found, pending = [], [vars(task)[name] for name in own_attribute_names(task)]
   while pending:
     value = pending.pop()
     if isinstance(value, Mapping):

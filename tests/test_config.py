@@ -5,6 +5,7 @@ import importlib.util
 import pytest
 
 from ctl import config as config_lib
+from ctl import config_checks
 from ctl import errors
 import helpers
 
@@ -29,8 +30,8 @@ def test_config_loads_validates_and_documents_its_command(path):
   config_lib.validate(config)
   assert module.get_config.__doc__.startswith('python -m ctl.main --config=')
   # Every framework field, whatever the task adds.
-  assert set(config_lib.leaves(config_lib.base_config().to_dict())) <= set(
-      config_lib.leaves(config.to_dict()))
+  assert set(config_checks.leaves(config_lib.base_config().to_dict())) <= set(
+      config_checks.leaves(config.to_dict()))
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda path: path.stem)
@@ -79,7 +80,7 @@ def test_differences_lists_changed_leaves():
   new.optimizer.learning_rate = 0.5
   new.metrics = ('accuracy', 'top5_accuracy')
   import json  # pylint: disable=g-import-not-at-top
-  changes = config_lib.differences(json.loads(json.dumps(old)),
+  changes = config_checks.differences(json.loads(json.dumps(old)),
                                    json.loads(new.to_json()))
   assert changes == [
       "metrics: ['accuracy'] -> ['accuracy', 'top5_accuracy']",

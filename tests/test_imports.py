@@ -1,8 +1,12 @@
 """ctl's imports go one way: from the commands down to the errors, never
-up, and no module imports itself through others (BUILD.md, "Layout")."""
+up, and no module imports itself through others (BUILD.md, "Layout"); a
+default run imports no code it does not need (TFRecord, TFDS, export)."""
 
 import ast
+import json
 import pathlib
+import subprocess
+import sys
 
 import helpers
 
@@ -10,15 +14,17 @@ PACKAGE = helpers.REPO / 'ctl'
 # Each part of ctl and its layer: a part imports only parts of lower layers.
 LAYERS = {
     'errors': 0,
-    'registry': 1, 'config': 1, 'actions': 1, 'storage': 1,
-    'config_help': 2, 'runtime': 2, 'data': 2, 'hyper': 2,
-    'task': 3, 'task_hooks': 3, 'cluster': 3,
-    'checkpoints': 4,
-    'builtin_tasks': 4,
-    'training': 5,
-    'serving': 6,
-    'modes': 7, 'launch': 7, 'sweep': 7, 'status': 7,
-    'main': 8,
+    'config_checks': 1,
+    'registry': 2, 'config': 2, 'actions': 2, 'storage': 2,
+    'config_help': 3, 'runtime': 3, 'data': 3, 'hyper': 3,
+    'step_context': 4,
+    'task': 5, 'task_hooks': 5, 'cluster': 5,
+    'checkpoints': 6,
+    'builtin_tasks': 6,
+    'training': 7,
+    'serving': 8,
+    'modes': 9, 'launch': 9, 'sweep': 9, 'status': 9,
+    'main': 10,
 }
 
 
@@ -91,3 +97,40 @@ def test_no_module_imports_itself_through_others():
   for module in sorted(graph):
     if module not in state:
       assert cycle_from(module, [module]) is None
+
+
+# Built, and its training input made, as a run of configs/digits.py does.
+_BUILD_THE_DEFAULT_TASK = '''
+import json
+import sys
+import tensorflow as tf
+from ctl import config as config_lib
+from ctl.data import inputs
+from ctl.training import assemble
+from ctl.training import steps
+strategy = tf.distribute.get_strategy()
+built = assemble.assemble_locally(config_lib.load('configs/digits.py'),
+                                  strategy)
+inputs.train_input(strategy, built.train_data, seed=0, length=built.length,
+                   pad_loops_to=None, num_local_replicas=1,
+                   context=built.context)
+print(json.dumps(sorted(sys.modules)))
+'''
+# What a task that reads no files, or a run that exports nothing, does not
+# need: imported only when a config names such a task.
+_NOT_NEEDED = (
+    'tensorflow_datasets', 'ctl.data.tfds', 'ctl.data.tfrecord',
+    'ctl.data.tfrecord_files', 'ctl.data.write_tfrecords',
+    'ctl.data.global_batches', 'ctl.builtin_tasks.tfrecord_classification',
+    'ctl.builtin_tasks.tfds_classification', 'ctl.builtin_tasks.keras_model',
+    'ctl.serving.export')
+
+
+def test_the_default_task_imports_no_file_or_export_code():
+  run = subprocess.run([sys.executable, '-c', _BUILD_THE_DEFAULT_TASK],
+                       capture_output=True, text=True, timeout=300,
+                       cwd=helpers.REPO, env=helpers.env_with())
+  assert run.returncode == 0, run.stderr[-3000:]
+  imported = set(json.loads(run.stdout.splitlines()[-1]))
+  assert 'ctl.builtin_tasks.classification' in imported  # It ran.
+  assert sorted(imported & set(_NOT_NEEDED)) == []

@@ -4,16 +4,16 @@ from ctl import errors
 from ctl import registry
 from ctl import task as task_lib
 from ctl import task_hooks
-from ctl.builtin_tasks import classification
-from ctl.builtin_tasks import keras_model
-from ctl.builtin_tasks import tfds_classification
-from ctl.builtin_tasks import tfrecord_classification
 
+# Each imported only when a config names it: the default run
+# (classification) imports no TFRecord, TFDS or Keras-model task code.
 _BUILT_IN = {
-    'classification': classification.Classification,
-    'keras_model': keras_model.KerasModelTask,
-    'tfrecord_classification': tfrecord_classification.TFRecordClassification,
-    'tfds_classification': tfds_classification.TFDSClassification,
+    'classification': 'ctl.builtin_tasks.classification:Classification',
+    'keras_model': 'ctl.builtin_tasks.keras_model:KerasModelTask',
+    'tfrecord_classification':
+        'ctl.builtin_tasks.tfrecord_classification:TFRecordClassification',
+    'tfds_classification':
+        'ctl.builtin_tasks.tfds_classification:TFDSClassification',
 }
 
 
@@ -31,7 +31,7 @@ def resolve(name: str) -> type[task_lib.Task]:
     raise errors.ConfigError(
         f'config.task={name!r} is not a subclass of ctl.Task: write '
         f'`class {getattr(task_class, "__name__", "MyTask")}(ctl.Task)`.')
-  missing = task_lib.missing_hooks(task_class)
+  missing = _missing_hooks(task_class)
   if missing:
     raise errors.ConfigError(
         f'Task {name!r} lacks {", ".join(missing)}: write '
@@ -39,3 +39,16 @@ def resolve(name: str) -> type[task_lib.Task]:
         f'{task_class.__name__} (see ctl/task.py).')
   task_hooks.check(task_class)
   return task_class
+
+
+_REQUIRED_HOOKS = ('build', 'train_data', 'train_step')
+
+
+def _missing_hooks(task_class: type) -> list[str]:
+  """The hooks a task class must write but does not."""
+  missing = [hook for hook in _REQUIRED_HOOKS
+             if getattr(task_class, hook) is getattr(task_lib.Task, hook)]
+  if (task_class.eval_data is not task_lib.Task.eval_data and
+      task_class.eval_step is task_lib.Task.eval_step):
+    missing.append('eval_step (it has eval_data)')
+  return missing

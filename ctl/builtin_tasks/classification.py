@@ -7,7 +7,6 @@ Its steps are the tutorials' step_fn; its data is held in memory and
 gathered inside the step, ctl's fastest input path.
 """
 
-import keras
 import tensorflow as tf
 
 from ctl import task as task_lib
@@ -72,12 +71,7 @@ class Classification(task_lib.Task):
               {'loss': tf.reduce_mean(per_example_loss) + regularization})
 
     gradients, logs = ctx.accumulate(compute, batch)
-    if (self.config.distribution.all_reduce_dtype == 'float32' and
-        not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)):
-      # Keras 3 optimizers sum gradients over the replicas themselves.
-      self.optimizer.apply_gradients(zip(gradients, variables))
-    else:  # Summed first: in 16 bits, or before the loss scale's check.
-      ctx.apply_gradients(self.optimizer, zip(gradients, variables))
+    ctx.apply(self.optimizer, zip(gradients, variables))
     return logs
 
   def loop_logs(self) -> dict[str, tf.Tensor]:

@@ -149,11 +149,6 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
   share_size = local_replicas * per_replica
   passes_per_epoch = -(-steps_per_epoch * global_batch_size // num_examples)
 
-  def one_pass(number):
-    return tf.random.experimental.stateless_shuffle(
-        tf.range(num_examples),
-        seed=tf.stack([tf.constant(seed, tf.int64), number]))
-
   def loop_rows(kept, bounds):
     """The loop's share of rows; kept: the last pass computed (number,
     order), to reuse."""
@@ -165,8 +160,9 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
     numbers = epoch * passes_per_epoch + tf.range(
         first_pass, (end - 1) // num_examples + 1)
     orders = tf.map_fn(
-        lambda number: tf.cond(tf.equal(number, kept_number),
-                               lambda: kept_order, lambda: one_pass(number)),
+        lambda number: tf.cond(
+            tf.equal(number, kept_number), lambda: kept_order,
+            lambda: _pass_order(num_examples, seed, number)),
         numbers, fn_output_signature=tf.TensorSpec([num_examples], tf.int32))
     offset = first_pass * num_examples
     rows = tf.reshape(tf.reshape(orders, [-1])[first - offset:end - offset],
@@ -178,12 +174,25 @@ def train_chunks(num_examples: int, *, seed: int, global_batch_size: int,
       (tf.constant(-1, tf.int64), tf.zeros([num_examples], tf.int32)),
       plain(loop_rows))
   if local_replicas > 1:
-    # A pipeline feeds its local replicas consecutive elements: replica r
-    # gets columns [r * b, (r + 1) * b) of the share.
-    chunks = chunks.map(plain(lambda rows: tf.transpose(
-        tf.reshape(rows, [-1, local_replicas, per_replica]), [1, 0, 2])))
-    chunks = chunks.unbatch()
+    chunks = _per_local_replica(chunks, local_replicas, per_replica)
   return chunks.prefetch(2)
+
+
+def _pass_order(num_examples: int, seed: int, number: tf.Tensor) -> tf.Tensor:
+  """Pass `number`'s order of the examples, seeded by (seed, number)."""
+  return tf.random.experimental.stateless_shuffle(
+      tf.range(num_examples),
+      seed=tf.stack([tf.constant(seed, tf.int64), number]))
+
+
+def _per_local_replica(chunks: tf.data.Dataset, local_replicas: int,
+                       per_replica: int) -> tf.data.Dataset:
+  """A loop's share cut into one element per local replica: a pipeline
+  feeds its local replicas consecutive elements, replica r columns
+  [r * b, (r + 1) * b) of the share."""
+  chunks = chunks.map(plain(lambda rows: tf.transpose(
+      tf.reshape(rows, [-1, local_replicas, per_replica]), [1, 0, 2])))
+  return chunks.unbatch()
 
 
 def plain(function):

@@ -6,7 +6,7 @@ Three kinds, one interface (used inside ctl's tf.functions):
   example indices, a pure function of (seed, step), and each replica
   gathers its batch.
 - `GlobalOrderInput`: files read in one global order over a fixed number
-  of partitions (`ctl.data.tfrecord.GlobalBatches`, from TFRecord or
+  of partitions (`ctl.data.global_batches.GlobalBatches`, from TFRecord or
   TFDS), each worker reading its own. The position is the step too: each
   worker's pipeline starts at the resumed step's global batch, whatever
   the number of workers (of those that divide the partitions) that wrote
@@ -25,15 +25,47 @@ by step), and once a step, `batches(loop_data, i)`: step i's batch of every
 replica, a distributed value for `strategy.run`.
 """
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterator, Mapping
+import sys
+from typing import Any, Protocol, TYPE_CHECKING
 
 import tensorflow as tf
 
 from ctl import errors
 from ctl.data import in_memory
 from ctl.data import resumable
-from ctl.data import tfrecord
+
+if TYPE_CHECKING:  # Imported by a task that reads files, when it does.
+  from ctl.data import global_batches
+
+
+class Loops(Protocol):
+  """The loops an iterator is made for (a ctl.training.loop_plan.LoopPlan)."""
+
+  start: int  # The first loop's first step.
+
+  def __iter__(self) -> Iterator[tuple[int, int]]:
+    """Each loop's (first step, end step)."""
+
+
+class TrainInput(Protocol):
+  """A task's training data as the step loop reads it: InMemoryInput,
+  GlobalOrderInput or DatasetInput (see above)."""
+
+  kind: str  # What it reads, for messages.
+  # What a checkpoint saves of it ({} when the step is the position).
+  checkpointable: Mapping[str, Any]
+  dataset: tf.data.Dataset | None  # The task's own pipeline, if any.
+  partitions: int | None  # Files in the global order: their partitions.
+
+  def make_iterator(self, loops: Loops) -> Iterator[Any]:
+    """The iterator the given loops read, from their first step on."""
+
+  def loop_data(self, iterator: Iterator[Any], num_steps: tf.Tensor) -> Any:
+    """What a loop of num_steps steps reads at once (or None)."""
+
+  def batches(self, loop_data: Any, step_in_loop: tf.Tensor) -> Any:
+    """Step step_in_loop's batch of every replica, for strategy.run."""
 
 
 class InMemoryInput:
@@ -61,7 +93,7 @@ class InMemoryInput:
     self._pad_loops_to = pad_loops_to
     data.materialize()
 
-  def make_iterator(self, loops: Iterable[tuple[int, int]]):
+  def make_iterator(self, loops: Loops) -> Iterator[Any]:
     """The iterator over the given loops' (first step, end step).
 
     A plain iterator of this worker's pipeline, not a distributed one: on 2
@@ -109,7 +141,7 @@ class DatasetInput:
       self._iterator = iter(resumable.resumable(dataset))
     self.checkpointable = {'iterator': self._iterator}
 
-  def make_iterator(self, loops: Iterable[tuple[int, int]]):
+  def make_iterator(self, loops: Loops) -> Iterator[Any]:
     del loops  # The iterator's own state is the position.
     return self._iterator
 
@@ -132,7 +164,7 @@ class GlobalOrderInput(DatasetInput):
   dataset = None  # Made at make_iterator, from the step.
 
   def __init__(self, strategy: tf.distribute.Strategy,
-               data: tfrecord.GlobalBatches, *,
+               data: 'global_batches.GlobalBatches', *,
                context: tf.distribute.InputContext, seed: int,
                global_batch_size: int, num_local_replicas: int):
     # pylint: disable=super-init-not-called
@@ -146,7 +178,7 @@ class GlobalOrderInput(DatasetInput):
     self._global_batch_size = global_batch_size
     self._iterator = None
 
-  def make_iterator(self, loops):
+  def make_iterator(self, loops: Loops) -> Iterator[Any]:
     """The iterator from the first loop's first step on."""
     with tf.device('/cpu:0'):
       self._iterator = iter(self._data.dataset(
@@ -199,7 +231,7 @@ def input_context(strategy: tf.distribute.Strategy, worker_index: int,
 
 def train_input(strategy: tf.distribute.Strategy, train_data, *, seed: int,
                 length, pad_loops_to: int | None, num_local_replicas: int,
-                context: tf.distribute.InputContext):
+                context: tf.distribute.InputContext) -> TrainInput:
   """The step loop's view of a task's training data (see above); length:
   the run's TrainingLength; context: this worker's input context."""
   if isinstance(train_data, in_memory.InMemory):
@@ -208,9 +240,16 @@ def train_input(strategy: tf.distribute.Strategy, train_data, *, seed: int,
         global_batch_size=length.global_batch_size,
         steps_per_epoch=length.steps_per_epoch,
         num_local_replicas=num_local_replicas, pad_loops_to=pad_loops_to)
-  if isinstance(train_data, tfrecord.GlobalBatches):
+  if is_global_batches(train_data):
     return GlobalOrderInput(
         strategy, train_data, context=context, seed=seed,
         global_batch_size=length.global_batch_size,
         num_local_replicas=num_local_replicas)
   return DatasetInput(strategy, train_data, num_local_replicas)
+
+
+def is_global_batches(data: Any) -> bool:
+  """Whether data is a GlobalBatches, told without importing its module: a
+  run whose task reads no files loads no file-reading code."""
+  module = sys.modules.get('ctl.data.global_batches')
+  return module is not None and isinstance(data, module.GlobalBatches)

@@ -90,34 +90,47 @@ def write(data: datasets.Data, output: str, num_shards: int,
         'splits': {},
     }
     for split_name, split in zip(SPLITS, (data.train, data.eval)):
-      files = {}  # Each shard's records and bytes: readers need not count.
-      for shard in range(num_shards):
-        name = shard_name(split_name, shard, num_shards)
-        labels = split.labels[shard::num_shards]
-        _write_shard(os.path.join(scratch, name),
-                     split.features[shard::num_shards], labels)
-        files[name] = {'records': len(labels),
-                       'bytes': storage.size(os.path.join(scratch, name))}
-      metadata['splits'][split_name] = {
-          'pattern': split_pattern(split_name), 'num_shards': num_shards,
-          'num_examples': len(split), 'files': files}
+      metadata['splits'][split_name] = _write_split(scratch, split_name,
+                                                    split, num_shards)
     # Written last: a directory with features.json is whole.
     storage.write_json(os.path.join(scratch, METADATA), metadata)
-    whole = os.path.join(output, METADATA)
-    if not local:
-      if storage.exists(whole):
-        return False  # Another writer finished first.
-      storage.publish_folder(scratch, output, METADATA)
-      return True
-    try:
-      storage.rename_local_folder(scratch, output)
-    except OSError:
-      if storage.exists(whole):
-        return False  # Another writer finished first.
-      raise
-    return True
+    return _publish(scratch, output, local)
   finally:
     storage.remove(scratch)
+
+
+def _write_split(scratch: str, split_name: str, split: datasets.Split,
+                 num_shards: int) -> dict:
+  """Writes one split's shards into scratch; returns its features.json
+  entry, with each shard's records and bytes (readers need not count)."""
+  files = {}
+  for shard in range(num_shards):
+    name = shard_name(split_name, shard, num_shards)
+    labels = split.labels[shard::num_shards]
+    _write_shard(os.path.join(scratch, name),
+                 split.features[shard::num_shards], labels)
+    files[name] = {'records': len(labels),
+                   'bytes': storage.size(os.path.join(scratch, name))}
+  return {'pattern': split_pattern(split_name), 'num_shards': num_shards,
+          'num_examples': len(split), 'files': files}
+
+
+def _publish(scratch: str, output: str, local: bool) -> bool:
+  """Makes the written scratch copy output; False if another writer's
+  copy became it first."""
+  whole = os.path.join(output, METADATA)
+  if not local:
+    if storage.exists(whole):
+      return False  # Another writer finished first.
+    storage.publish_folder(scratch, output, METADATA)
+    return True
+  try:
+    storage.rename_local_folder(scratch, output)
+  except OSError:
+    if storage.exists(whole):
+      return False  # Another writer finished first.
+    raise
+  return True
 
 
 def read_metadata(directory: str) -> dict:

@@ -31,7 +31,7 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
-from ctl import config as config_lib
+from ctl import config_checks
 from ctl import errors
 from ctl import storage
 
@@ -245,7 +245,7 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   new = json.loads(config.to_json_best_effort())
   old = storage.read_json(path)
   if old is not None:
-    changes = config_lib.differences(old, new)
+    changes = config_checks.differences(old, new)
     if not changes:
       return
     kept = os.path.join(workdir, f'config.{time.strftime("%Y%m%d-%H%M%S")}.json')

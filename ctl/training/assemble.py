@@ -19,13 +19,13 @@ from ctl import task as task_lib
 from ctl import builtin_tasks
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.data import inputs
-from ctl.data import tfrecord
 from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.runtime import tf_internals
 from ctl.training import ema
 from ctl.training import failures
 from ctl.training import state as state_lib
+from ctl.training import task_checks
 
 
 @dataclasses.dataclass
@@ -99,9 +99,9 @@ def assemble(config: ml_collections.ConfigDict,
     with failures.task_hook('build()', task_class):
       task.build()
     state = state_lib.TrainState()
-  task_lib.check_nothing_shadowed(task, config)
+  task_checks.check_nothing_shadowed(task, config)
   if strategy.num_replicas_in_sync > 1:
-    task_lib.check_no_keras_accumulation(task)
+    task_checks.check_no_keras_accumulation(task)
   return Assembled(task, state, length, context, train_data,
                    actions_lib.ActionStates(), strategy)
 
@@ -125,7 +125,7 @@ def training_length(config, train_data, local_replicas: int,
   if isinstance(train_data, task_lib.InMemory):
     steps_per_epoch = state_lib.in_memory_steps_per_epoch(config,
                                                           len(train_data))
-  elif isinstance(train_data, tfrecord.GlobalBatches):
+  elif inputs.is_global_batches(train_data):
     steps_per_epoch = (config.steps_per_epoch or
                        train_data.steps_per_pass(config.batch_size))
   elif isinstance(train_data, tf.data.Dataset):

@@ -22,6 +22,7 @@ import tensorflow as tf
 from ctl import errors
 from ctl import task as task_lib
 from ctl.cluster import distribution
+from ctl.data import inputs
 from ctl.runtime import tf_internals
 from ctl.training import metric_reading
 from ctl.training import state as state_lib
@@ -36,7 +37,8 @@ class StepRunner:
   """A task's train_step looped inside tf.functions, with the step context."""
 
   def __init__(self, *, strategy: tf.distribute.Strategy,
-               task: task_lib.Task, train_input, state: state_lib.TrainState,
+               task: task_lib.Task, train_input: inputs.TrainInput,
+               state: state_lib.TrainState,
                global_batch_size: int, seed: int, steps_per_epoch: int,
                jit_compile: str = 'off', all_reduce_dtype: str = 'float32',
                summary_steps: int = 0, autograph: bool = True,
@@ -46,8 +48,7 @@ class StepRunner:
     """Args as named.
 
     Args:
-      train_input: a ctl.data.inputs InMemoryInput, GlobalOrderInput or
-        DatasetInput.
+      train_input: the task's training data as the loop reads it.
       jit_compile: what XLA compiles ('off', 'step', 'loop'), as
         ctl.training.xla.resolve decided.
       summary_steps: steps between the tf.summary records of a task's step.
@@ -214,7 +215,7 @@ class StepRunner:
       raise errors.ConfigError(
           f'config.accumulate_steps={self._accumulate_steps}, but the task\'s '
           'train_step does not call ctx.accumulate, so it would train on '
-          'whole batches: call it (see ctl.task.StepContext.accumulate), or '
+          'whole batches: call it (see ctl.StepContext.accumulate), or '
           'set config.accumulate_steps=1.')
     # Every replica's training batch has the same size: a plain mean.
     return weighted_logs(logs, None, 'train_step')

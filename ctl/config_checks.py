@@ -1,0 +1,157 @@
+"""The checks a config must pass, and how two configs differ.
+
+ctl/config.py loads a config (its fields, the flags) and names these too
+(`config.validate`, ...), as callers have always called them.
+"""
+
+from typing import Any
+
+import ml_collections
+
+from ctl import errors
+
+STRATEGIES = ('auto', 'default', 'one_device', 'mirrored', 'multi_worker')
+CLUSTER_RESOLVERS = ('auto', 'tf_config', 'slurm')
+COLLECTIVES = ('AUTO', 'RING', 'NCCL')
+SCHEDULES = ('constant', 'cosine', 'linear')
+DTYPE_POLICIES = ('float32', 'mixed_float16', 'mixed_bfloat16')
+ALL_REDUCE_DTYPES = ('float32', 'bfloat16', 'float16')
+JIT_COMPILES = ('auto', 'off', 'step', 'loop')
+BEST_MODES = ('max', 'min')
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the first field that cannot work.
+
+  Fields a task's config does not have (a task of your own needs no
+  `model` section) are not checked.
+  """
+  check_type(config)
+  for key, value in leaves(config.to_dict()).items():
+    check_utf8(f'config.{key}', value)
+  if not config.task:
+    raise errors.ConfigError(
+        "Set config.task: 'classification', or your own ctl.Task subclass as "
+        "'package.module:ClassName'.")
+  _check_choice(config, 'distribution.strategy', STRATEGIES)
+  _check_choice(config, 'distribution.cluster_resolver', CLUSTER_RESOLVERS)
+  _check_choice(config, 'distribution.collective', COLLECTIVES)
+  _check_choice(config, 'optimizer.schedule', SCHEDULES)
+  _check_choice(config, 'model.dtype_policy', DTYPE_POLICIES)
+  _check_choice(config, 'distribution.all_reduce_dtype', ALL_REDUCE_DTYPES)
+  _check_choice(config, 'jit_compile', JIT_COMPILES)
+  _check_choice(config, 'evaluation.best_mode', BEST_MODES)
+  _check_choice(config, 'early_stopping.mode', BEST_MODES)
+  for key in ('batch_size', 'accumulate_steps', 'steps_per_loop',
+              'intervals.keep_checkpoints', 'diagnostics.straggler_reports',
+              'early_stopping.patience', 'rollback.window'):
+    _check(config, key, lambda value: value >= 1, 'must be at least 1')
+  for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',
+              'total_steps', 'optimizer.warmup_steps', 'intervals.log_steps',
+              'intervals.summary_steps', 'intervals.eval_steps',
+              'intervals.checkpoint_steps', 'intervals.checkpoint_epochs',
+              'intervals.checkpoint_secs', 'distribution.bytes_per_pack',
+              'distribution.timeout_seconds',
+              'distribution.startup_timeout_seconds', 'profile.start_step',
+              'evaluation.timeout_seconds', 'rollback.max_rollbacks',
+              'rollback.factor',
+              'profile.num_steps'):
+    _check(config, key, lambda value: value >= 0, 'must not be negative')
+  _check(config, 'optimizer.learning_rate', lambda value: value > 0,
+         'must be positive')
+  _check(config, 'diagnostics.straggler_factor',
+         lambda value: value == 0 or value > 1,
+         'must be above 1 (or 0: no straggler check)')
+  _check(config, 'optimizer.ema_momentum', lambda value: 0 <= value < 1,
+         'must be in [0, 1)')
+  _check(config, 'data.eval_fraction', lambda value: 0 < value < 1,
+         'must be between 0 and 1')
+  _check(config, 'model.dropout', lambda value: 0 <= value < 1,
+         'must be in [0, 1)')
+  if config.num_epochs == 0 and config.total_steps == 0:
+    raise errors.ConfigError(
+        'Set num_epochs or total_steps: both are 0, so there is nothing to '
+        'train.')
+
+
+def check_type(config: Any) -> None:
+  """Raises ConfigError unless a config file's get_config() gave a ConfigDict."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise errors.ConfigError(
+        f'get_config() returned a {type(config).__name__}; it must return an '
+        'ml_collections.ConfigDict: start from ctl.base_config() (or '
+        'ctl.classification_config()) and set its fields.')
+
+
+def check_utf8(name: str, value: Any) -> None:
+  """Raises ConfigError if a text value (or one in a tuple) is not UTF-8.
+
+  A byte the shell passed that is not UTF-8 arrives as a lone surrogate
+  ('\\udcff'), which TensorFlow's file and string functions cannot encode.
+  """
+  for text in value if isinstance(value, (tuple, list)) else [value]:
+    if not isinstance(text, str):
+      continue
+    try:
+      text.encode('utf-8')
+    except UnicodeEncodeError:
+      raise errors.ConfigError(
+          f'{name}={_shown_bytes(text)} is not UTF-8 text: TensorFlow takes '
+          'paths and text in UTF-8 only. Rename the file or folder, or pass '
+          'the value in UTF-8.') from None
+
+
+def _shown_bytes(text: str) -> str:
+  """The bytes the shell passed, as b'...'; the text's repr if it cannot say."""
+  try:
+    return repr(text.encode('utf-8', 'surrogateescape'))
+  except UnicodeEncodeError:  # A surrogate that no byte decoded to.
+    return repr(text)
+
+
+def differences(old: dict, new: dict) -> list[str]:
+  """Returns 'key: old -> new' for each leaf that differs between two configs.
+
+  Both are plain dicts as read from JSON (`json.loads(config.to_json())`).
+  """
+  old_leaves, new_leaves = leaves(old), leaves(new)
+  return [
+      f'{key}: {old_leaves.get(key)!r} -> {new_leaves.get(key)!r}'
+      for key in sorted(old_leaves.keys() | new_leaves.keys())
+      if old_leaves.get(key) != new_leaves.get(key)
+  ]
+
+
+def leaves(tree: dict, prefix: str = '') -> dict:
+  """Flattens nested dicts to {'a.b': value}."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(leaves(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def _get(config: ml_collections.ConfigDict, dotted_key: str):
+  """Returns config.a.b for dotted_key 'a.b'; _MISSING if it has none."""
+  value = config
+  for part in dotted_key.split('.'):
+    if part not in value:
+      return _MISSING
+    value = value[part]
+  return value
+
+
+_MISSING = object()
+
+
+def _check(config, key, is_valid, requirement):
+  value = _get(config, key)
+  if value is not _MISSING and not is_valid(value):
+    raise errors.ConfigError(f'config.{key}={value!r} {requirement}.')
+
+
+def _check_choice(config, key, choices):
+  _check(config, key, lambda value: value in choices,
+         f'must be one of {list(choices)}')
