@@ -11,7 +11,8 @@ exports instead of training (ctl/modes.py).
 
 Exit codes (see ctl/errors.py): 0 trained, or had finished; 1 failed, the
 message says why; 2 wrong flags or config; 42 preempted by SIGTERM after a
-checkpoint, restart to resume; 43 a peer worker failed, restart all workers.
+checkpoint, restart to resume; 43 a peer worker failed, restart all workers;
+130 Ctrl-C twice, stopped at once without saving.
 """
 
 import os
