@@ -69,7 +69,9 @@ def main(argv: list[str]) -> None:
   # Imported here so that flag errors are reported before TensorFlow loads.
   from ctl import modes  # pylint: disable=g-import-not-at-top
   from ctl import storage  # pylint: disable=g-import-not-at-top
+  from ctl.runtime import scratch  # pylint: disable=g-import-not-at-top
   storage.configure_remote_caches()
+  scratch.remove_leftovers()  # Those of ctl processes that were killed.
   try:
     modes.run(_MODE.value, _CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
   except KeyboardInterrupt:
