@@ -100,10 +100,12 @@ def export_run(config: ml_collections.ConfigDict, workdir: str, *,
       serving signature cannot be saved.
   """
   final = workdir_lib.export_dir(workdir)
+  lookup.find(workdir, checkpoint)  # None: an error before anything is made.
   # Staged beside the workdir's files (a rename puts it in place, and
   # links can be made), or on this machine for a workdir that is not.
   local = storage.is_local(workdir)
   if is_chief and local:
+    storage.makedirs(workdir)  # A --checkpoint exported to a new workdir.
     _remove_leftovers(workdir)
   staging = _make_folder('staging', workdir if is_chief and local else None)
   reading = _make_folder('reading', workdir if local else None)

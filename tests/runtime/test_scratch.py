@@ -57,6 +57,9 @@ def test_the_next_ctl_process_removes_a_killed_ones_folders(tmp_path):
     run = helpers.run_ctl(f'--config={helpers.DIGITS}', '--mode=export',
                           f'--workdir={tmp_path / "none"}', env=env)
     assert run.returncode == 1, run.stderr[-3000:]
+    assert 'has no checkpoint (best): train first' in run.stderr
+    assert 'Traceback' not in run.stderr  # It made its folders there first.
+    assert not (tmp_path / 'none').exists()
     assert 'left by a ctl process that was killed' in run.stderr
     assert not _folders(temporary, killed.pid)
     assert _folders(temporary, alive.pid) == kept
