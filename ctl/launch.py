@@ -11,10 +11,13 @@ cannot fix (exit code 1 or 2) ends the launch with that code.
 
 SIGTERM or Ctrl-C to the launcher is passed on to the workers as SIGTERM:
 they save a checkpoint at the step they reached and the launcher exits with
-42 without restarting; a second Ctrl-C kills them.
+42 without restarting; a second Ctrl-C kills them at once and the launcher
+exits with 130, as `ctl.main` does (the latest whole checkpoint is the one
+to resume from).
 
-Exit codes: 0 when training finished; otherwise the code that stopped the
-last attempt (42 preempted, 43 a worker failed, 1 or 2 from ctl.main).
+Exit codes: 0 when training finished; 130 after a second Ctrl-C; otherwise
+the code that stopped the last attempt (42 preempted, 43 a worker failed, 1
+or 2 from ctl.main).
 
 The launcher itself only uses 127.0.0.1. TensorFlow's gRPC servers (one per
 worker) listen on all interfaces whatever TF_CONFIG says (TF 2.21 hard-codes
@@ -35,6 +38,7 @@ from absl import app
 from absl import flags
 
 from ctl import errors
+from ctl.runtime import preemption
 from ctl.runtime import subprocesses
 
 _NUM_WORKERS = flags.DEFINE_integer('num_workers', 2, 'Workers to start.',
@@ -69,6 +73,12 @@ def main(argv: list[str]) -> None:
         sys.exit(0)
       if interrupts.count:
         console.say(f'stopped on request; workers exited with {codes}')
+        if interrupts.stopped_at_once:
+          # The code says so, as ctl.main's does, not the workers' deaths.
+          console.say('Ctrl-C twice: stopped at once, without saving. Run '
+                      'the same command again to resume from the latest '
+                      'checkpoint.')
+          sys.exit(preemption.EXIT_INTERRUPTED)
         sys.exit(code)
       restartable = code in _RESTARTABLE
       if not restartable or attempt > _MAX_RESTARTS.value:
@@ -144,6 +154,7 @@ class _Interrupts:
 
   def __init__(self):
     self.count = 0
+    self.stopped_at_once = False  # By a second Ctrl-C.
     self._job = None
     self._previous = {}
 
@@ -166,6 +177,7 @@ class _Interrupts:
     if self._job is not None:
       # SIGTERM lets workers save first; a second Ctrl-C stops them now.
       second_interrupt = signum == signal.SIGINT and self.count > 1
+      self.stopped_at_once |= second_interrupt
       self._job.signal_all(signal.SIGKILL if second_interrupt else
                            signal.SIGTERM)
 

@@ -11,7 +11,8 @@ exports instead of training (ctl/modes.py).
 
 Exit codes (see ctl/errors.py): 0 trained, or had finished; 1 failed, the
 message says why; 2 wrong flags or config; 42 preempted by SIGTERM after a
-checkpoint, restart to resume; 43 a peer worker failed, restart all workers.
+checkpoint, restart to resume; 43 a peer worker failed, restart all workers;
+130 Ctrl-C twice, stopped at once without saving.
 """
 
 import os
@@ -69,7 +70,9 @@ def main(argv: list[str]) -> None:
   # Imported here so that flag errors are reported before TensorFlow loads.
   from ctl import modes  # pylint: disable=g-import-not-at-top
   from ctl import storage  # pylint: disable=g-import-not-at-top
+  from ctl.runtime import scratch  # pylint: disable=g-import-not-at-top
   storage.configure_remote_caches()
+  scratch.remove_leftovers()  # Those of ctl processes that were killed.
   try:
     modes.run(_MODE.value, _CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
   except KeyboardInterrupt:

@@ -59,3 +59,23 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
   while helpers.processes_mentioning(workdir):
     assert time.monotonic() < deadline, 'workers outlived their launcher'
     time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_the_workers_at_once_with_130(tmp_path):
+  workdir = str(tmp_path / 'job')
+  launcher = helpers.Watched([
+      *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2', '--',
+      f'--config={helpers.DIGITS}', f'--workdir={workdir}',
+      '--config.num_epochs=50'])
+  try:
+    launcher.wait_for(r'\[worker 0\] .*step \d+/')
+    launcher.process.send_signal(signal.SIGINT)
+    launcher.wait_for(r'\[worker \d\] .*Received SIGTERM')
+    launcher.process.send_signal(signal.SIGINT)
+    # As ctl.main's second Ctrl-C, not 43 for the workers it killed.
+    assert launcher.wait() == 130, launcher.output[-3000:]
+  finally:
+    launcher.kill()
+  assert 'Ctrl-C twice: stopped at once, without saving' in launcher.output
+  assert not helpers.processes_mentioning(workdir)

@@ -3,7 +3,8 @@
 Under MultiWorkerMirroredStrategy every worker must take part in a save
 (saving can run collectives). The chief writes `workdir/checkpoints`; every
 other worker writes to a temporary directory of its own, outside the
-workdir, and deletes it right after.
+workdir, and deletes it right after (a killed worker's: the next
+`ctl.main`, ctl/runtime/scratch.py).
 
 A save is crash-safe: tf.train.CheckpointManager writes the new
 checkpoint's files completely before it atomically rewrites the
@@ -14,7 +15,6 @@ new checkpoint as the latest, whole.
 
 from collections.abc import Callable
 import os
-import tempfile
 
 from absl import logging
 import tensorflow as tf
@@ -22,6 +22,7 @@ import tensorflow as tf
 from ctl import errors
 from ctl import storage
 from ctl.checkpoints import contents as checkpoint_contents
+from ctl.runtime import scratch
 from ctl.runtime import tf_internals
 
 
@@ -61,8 +62,7 @@ class Checkpointer:
       self._write_manager = self._read_manager
       self._scratch_directory = None
     else:
-      self._scratch_directory = os.path.join(
-          tempfile.gettempdir(), f'ctl-workertemp_{task_id}-{os.getpid()}')
+      self._scratch_directory = scratch.path(f'workertemp_{task_id}')
       self._write_manager = tf.train.CheckpointManager(
           checkpoint, self._scratch_directory, max_to_keep=1)
 

@@ -152,8 +152,10 @@ def check_spec(path: str, spec: FeatureSpec) -> None:
 
 def known_count(path: str, known: Mapping[str, Mapping[str, int]]
                  ) -> int | None:
-  """The writer's record count for path, if it recorded path's size."""
+  """The writer's record count for path, if it recorded path's size; an
+  empty file's is 0 whatever was recorded (a writer that failed may have
+  counted the records it meant to write)."""
   entry = known.get(os.path.basename(path))
   if entry is None or storage.size(path) != entry['bytes']:
     return None
-  return int(entry['records'])
+  return int(entry['records']) if entry['bytes'] else 0

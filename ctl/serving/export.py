@@ -11,8 +11,9 @@
 The export is written to a folder beside it and then renamed into place,
 so workdir/export is always a whole export (briefly absent while the
 folders swap). A kill meanwhile leaves temporary folders that the next
-export removes, and a finished run whose export was cut short is exported
-by the same command run again. As in TensorFlow's multi-worker tutorials,
+export removes (those outside the workdir: the next `ctl.main`), and a
+finished run whose export was cut short is exported by the same command
+run again. As in TensorFlow's multi-worker tutorials,
 the workers that are not the chief export too, to a temporary folder they
 delete: the chief alone writes into the workdir.
 """
@@ -32,6 +33,7 @@ from ctl import task as task_lib
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import files as checkpoint_files
 from ctl.checkpoints import lookup
+from ctl.runtime import scratch
 from ctl.runtime import workdir as workdir_lib
 from ctl.serving import load as load_lib
 
@@ -73,6 +75,16 @@ def _remove_leftovers(workdir: str) -> None:
         storage.remove(path)
 
 
+def _make_folder(purpose: str, workdir: str | None) -> str:
+  """A new temporary folder in workdir (named for _remove_leftovers), or
+  with None in this machine's temporary directory (ctl/runtime/scratch.py
+  names it: the next `ctl.main` removes it if this one is killed)."""
+  if workdir is None:
+    return scratch.make_folder(f'export-{purpose}')
+  return tempfile.mkdtemp(prefix=_temporary('.export') + purpose + '-',
+                          dir=workdir)
+
+
 def export_run(config: ml_collections.ConfigDict, workdir: str, *,
                is_chief: bool = True, checkpoint: str = 'best') -> str:
   """Exports a checkpoint of the run in workdir; returns where.
@@ -88,15 +100,15 @@ def export_run(config: ml_collections.ConfigDict, workdir: str, *,
       serving signature cannot be saved.
   """
   final = workdir_lib.export_dir(workdir)
+  lookup.find(workdir, checkpoint)  # None: an error before anything is made.
   # Staged beside the workdir's files (a rename puts it in place, and
   # links can be made), or on this machine for a workdir that is not.
   local = storage.is_local(workdir)
   if is_chief and local:
+    storage.makedirs(workdir)  # A --checkpoint exported to a new workdir.
     _remove_leftovers(workdir)
-  staging = tempfile.mkdtemp(prefix=_temporary('.export') + 'staging-',
-                             dir=workdir if is_chief and local else None)
-  reading = tempfile.mkdtemp(prefix=_temporary('.export') + 'reading-',
-                             dir=workdir if local else None)
+  staging = _make_folder('staging', workdir if is_chief and local else None)
+  reading = _make_folder('reading', workdir if local else None)
   try:
     path, which, snapshot = _snapshot(workdir, checkpoint, reading)
     run = load_lib.restore(config, snapshot)

@@ -15,7 +15,6 @@ workdir/eval/results.json.
 """
 
 import os
-import tempfile
 import time
 
 from absl import logging
@@ -30,6 +29,7 @@ from ctl.checkpoints import files as checkpoint_files
 from ctl.checkpoints import manager as checkpoint_manager
 from ctl.cluster import distribution
 from ctl.runtime import preemption
+from ctl.runtime import scratch
 from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
@@ -192,7 +192,7 @@ class _SideEvaluation:
       reading = os.path.join(self._eval_dir, '.reading')
       storage.makedirs(reading)
     else:
-      reading = tempfile.mkdtemp(prefix='ctl-reading-')
+      reading = scratch.make_folder('reading')
     snapshot = os.path.join(reading, f'ckpt-{step}')
     if not checkpoint_files.snapshot_checkpoint(path, snapshot):
       logging.warning('Skipped checkpoint %s: it was deleted (rotated away '

@@ -2,6 +2,7 @@
 command, and the digits_tfrecord config trained in-process and on 2
 workers stopped by SIGTERM."""
 
+import json
 import logging
 import os
 import re
@@ -383,6 +384,23 @@ def test_recorded_counts_are_used_only_for_files_of_the_recorded_size(
       'part-0.tfrecord': {'records': 999, 'bytes': size},  # Not read.
       'part-1.tfrecord': {'records': 999, 'bytes': size + 1}})  # Counted.
   assert source.counts == [999, 12, 12, 12]
+
+
+def test_an_empty_shard_counts_no_records_whatever_features_json_says(
+    tmp_path, caplog):
+  path = _shards(tmp_path)
+  path.write_bytes(b'')
+  # As a writer whose shard came out empty records it: its records, 0 bytes.
+  metadata = write_tfrecords.read_metadata(str(path.parent))
+  files = metadata['splits']['train']['files']
+  files[path.name]['bytes'] = 0
+  (path.parent / 'features.json').write_text(json.dumps(metadata))
+  with caplog.at_level(logging.WARNING):
+    source = tfrecord.TFRecordSource(str(path.parent / 'train-*'), SPEC,
+                                     known_counts=files)
+  assert f'hold no records and are left out (a writer that failed?): {path}' in caplog.text
+  [other] = [name for name in files if name != path.name]
+  assert len(source) == files[other]['records']
 
 
 def test_a_record_that_does_not_parse_mid_file_is_named_when_read(tmp_path):

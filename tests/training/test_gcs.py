@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -153,6 +154,30 @@ def test_a_side_car_on_gcs_evaluates_checkpoints_and_keeps_the_best(
   assert best['step'] in steps
   assert storage.exists(storage.join(workdir, 'best', best['checkpoint'] +
                                      '.index'))
+
+
+def test_an_export_killed_on_gcs_leaves_no_folder_on_this_machine(
+    gcs_server, tmp_path):
+  # A gs:// workdir's export is staged in the local temporary directory.
+  command = helpers.ctl_command(f'--config={helpers.DIGITS}:smoke',
+                                f'--workdir={gcs_server.url("export")}')
+  env = _env(gcs_server, TMPDIR=str(tmp_path))
+  job = subprocess.Popen(command, cwd=helpers.REPO, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob('*export*')):
+      assert job.poll() is None, 'exited before it exported'
+      assert time.monotonic() < deadline
+      time.sleep(0.005)
+  finally:
+    job.kill()
+    job.wait()
+  rerun = helpers.run_ctl(*command[3:], env=env)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert 'Exported the best checkpoint' in rerun.stderr
+  # The killed export's folders too, removed by the next ctl process.
+  assert not list(tmp_path.glob('*export*'))
 
 
 def test_tfrecord_shards_on_gcs_are_written_then_trained_on(gcs_server):
