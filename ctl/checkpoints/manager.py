@@ -22,6 +22,7 @@ import tensorflow as tf
 from ctl import errors
 from ctl import storage
 from ctl.checkpoints import contents as checkpoint_contents
+from ctl.checkpoints import files as checkpoint_files
 from ctl.runtime import tf_internals
 
 
@@ -105,7 +106,7 @@ class Checkpointer:
     """Why checkpoint `path` cannot be resumed from; None if it can."""
     if not storage.exists(f'{path}.index'):
       return 'has no files (moved away?)'
-    return self._data_problem(step_of(path))
+    return self._data_problem(checkpoint_files.step_of(path))
 
   def restore_latest(self) -> str | None:
     """Restores the newest checkpoint, if any; returns its path.
@@ -130,7 +131,7 @@ class Checkpointer:
           f'cannot be read: {errors.summary(error)}\nIt was left untouched. '
           f'{self._how_to_resume_before(path)}Resume it with the config that '
           'wrote it, or train in a new --workdir.') from error
-    self._last_saved_step = step_of(path)
+    self._last_saved_step = checkpoint_files.step_of(path)
     logging.info('Restored %s', path)
     return path
 
@@ -204,11 +205,6 @@ class Checkpointer:
       error = tf_internals.take_async_checkpoint_error(self._checkpoint)
       if error is not None:
         raise error
-
-
-def step_of(path: str) -> int:
-  """The step of a checkpoint path: every checkpoint is named ckpt-<step>."""
-  return int(path.rsplit('-', 1)[1])
 
 
 def _check_state_file(directory: str) -> None:

@@ -13,7 +13,6 @@ last of the list, due by its intervals, at the end, and on request
 from collections.abc import Callable, Sequence
 import dataclasses
 import datetime
-import math
 from typing import Any
 
 from absl import logging
@@ -22,6 +21,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl.cluster import worker_status
+from ctl.training import failures
 from ctl.training import loop_plan
 from ctl.runtime import preemption
 from ctl.runtime import progress
@@ -175,7 +175,7 @@ class TrainLoop:
                    f'First loop (steps {previous_step + 1}..{step})',
                    self.first_step_seconds)
     if self._stop_on_divergence:
-      check_finite(logs, previous_step, step)
+      failures.check_finite(logs, previous_step, step)
     self._reporter.add(logs, num_steps, loop_logs, outputs.get('metrics'))
     return (agreed[0],
             {index for index, due in zip(timed, agreed[1:]) if due}, logs)
@@ -377,16 +377,3 @@ class Reporter(actions_lib.Action):
       live.show('')
     logging.info('%s', line)
 
-
-def check_finite(logs: dict[str, float], previous_step: int,
-                  step: int) -> None:
-  """Raises CtlError naming the first log that is not finite."""
-  for name, value in logs.items():
-    if not math.isfinite(value):
-      where = (f'at step {step}' if step - previous_step == 1 else
-               f'in steps {previous_step + 1}..{step}')
-      raise errors.CtlError(
-          f'The training {name} is {value} after step {step}: it diverged '
-          f'{where}. Nothing was saved after step {previous_step}. Lower the '
-          'learning rate, or run with --config.steps_per_loop=1 to find the '
-          'exact step.')
