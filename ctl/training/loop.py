@@ -8,6 +8,10 @@ every worker (metric reads and checkpoint saves are collectives under
 MultiWorkerMirroredStrategy). No action is special: the checkpoint is the
 last of the list, due by its intervals, at the end, and on request
 (SIGTERM, its time interval, or an action's).
+
+The loop calls down only: it is handed the run's checkpoint
+(ctl/checkpoints/manager.TrainingCheckpoint), which it saves as its last
+action and whose weights it puts back on an action's rollback.
 """
 
 from collections.abc import Sequence
@@ -270,6 +274,7 @@ class TrainLoop:
   def _due(self, action: actions_lib.Action, index: int,
            event: actions_lib.Event, time_due: set[int],
            ran: dict[int, tuple[bool, bool]]) -> bool:
+    """Whether the action at `index` is due (again) after this loop."""
     when = action.when
     if index in ran:
       logged, evaluated = ran[index]

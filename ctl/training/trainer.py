@@ -1,7 +1,7 @@
 """The Trainer: one run of a task, read as it happens.
 
     trainer = Trainer(config, workdir, ...)   # the task built, its input,
-                                              # checkpoints, evaluator
+                                              # checkpoint, actions
     results = trainer.restore_or_start()      # None: there is training to do
     outcome = trainer.train()                 # the loop and its actions
     results = trainer.finish(outcome)         # final evaluation, results.json
@@ -9,7 +9,10 @@
 Everything periodic (the log line, summaries, evaluation, the best
 checkpoint, the profiler, the task's own actions, the checkpoint) is an
 action of ctl/actions.py, which the loop (ctl/training/loop.py)
-runs between loops of steps (ctl/training/steps.py).
+runs between loops of steps (ctl/training/steps.py). The run's checkpoint
+(ctl/checkpoints/manager.TrainingCheckpoint) and the evaluate action
+(ctl/training/evaluation.TrainingEvaluation) are handed to the loop: it
+calls down into them, never back into the Trainer.
 """
 
 from absl import logging

@@ -76,11 +76,6 @@ def test_a_trainer_restores_or_starts_then_trains_then_finishes(tmp_path):
   assert results['eval']['accuracy'] > 0.5  # The final evaluation ran.
   assert helpers.read_results(tmp_path)['step'] == 44
   assert helpers.latest_checkpoint_step(tmp_path) == 44
-  # A second trainer finds the run finished, and changes nothing.
-  before = helpers.file_stamps(tmp_path)
-  with _trainer(tmp_path) as trainer:
-    assert trainer.restore_or_start()['step'] == 44
-  assert helpers.file_stamps(tmp_path) == before
 
 
 def test_the_loop_runs_the_actions_then_the_checkpoint_which_rolls_back(
