@@ -25,6 +25,7 @@ from ctl.training import checkpoint_evaluation
 from ctl.training import mlflow_logger
 from ctl.training import run as run_lib
 
+
 def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
         checkpoint: str = '') -> dict:
   """Runs `mode`; returns its results (see each mode's function)."""
@@ -40,8 +41,22 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
   if mode == 'export':
     return {'export': export_lib.export_run(config, workdir,
                                              checkpoint=checkpoint or 'best')}
+  return run_lib.train_and_evaluate(config, workdir,
+                                    on_finish=ExportAtEnd(config, workdir))
 
-  def export_at_end(task_info: distribution.Role, finished_now: bool) -> None:
+
+class ExportAtEnd:
+  """Training's export when it finishes (config.export.at_end), called by
+  every training task and by the evaluator task (run.train_and_evaluate's
+  on_finish)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self._config, self._workdir = config, workdir
+
+  def __call__(self, task_info: distribution.Role, finished_now: bool) -> None:
+    """Exports where this task should; finished_now: False when training
+    had finished before this process."""
+    config, workdir = self._config, self._workdir
     if not config.export.at_end:
       return
     # A run that had finished is exported again only if that export was
@@ -54,12 +69,8 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
                                               not task_info.has_evaluator):
       mlflow_logger.log_export(config, workdir,
                                export_lib.export_run(config, workdir))
-    elif task_info.has_evaluator:
-      return
-    else:
+    elif not task_info.has_evaluator:
       _export_beside_the_chief(config, workdir)
-
-  return run_lib.train_and_evaluate(config, workdir, on_finish=export_at_end)
 
 
 def _export_beside_the_chief(config: ml_collections.ConfigDict,

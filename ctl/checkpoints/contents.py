@@ -100,11 +100,20 @@ def warm_start(task: task_lib.Task, source: str,
     The checkpoint path read.
 
   Raises:
-    CtlError: no checkpoint is found, or something selected does not fit
+    CtlError: no checkpoint is found, a checkpoint state file is not
+      text, or something selected does not fit
       (a variable missing from the checkpoint, or of another shape).
     ConfigError: a selected path names nothing trackable of the task.
   """
-  path = _checkpoint_path(source)
+  try:
+    path = _checkpoint_path(source)
+  except UnicodeError as error:  # TensorFlow's, reading a binary state file.
+    raise errors.CtlError(
+        f'Cannot warm-start from config.init_from={source!r}: a checkpoint '
+        f'state file there ("checkpoint") is not a text file '
+        f'({errors.summary(error, 200)}). Point init_from at a checkpoint '
+        'path prefix (.../checkpoints/ckpt-N) or a workdir whose '
+        'checkpoints are whole.') from error
   selected = ({name: _attribute(task, name) for name in select} if select
               else models_by_name(task))
   for name, value in selected.items():  # One by one: an error names it.

@@ -9,7 +9,7 @@ import ctl
 from ctl import errors
 from ctl import storage
 from ctl.checkpoints import contents
-from ctl.checkpoints import manager
+from ctl.checkpoints import files
 from ctl.runtime import tf_internals
 
 
@@ -113,7 +113,7 @@ class DataPositions:
       self._checkpoint.write(self._prefix(step))
     except tf.errors.FailedPreconditionError as error:
       raise _unsavable(error, before_training=False) from error
-    steps = sorted(manager.step_of(name.rsplit('.', 1)[0]) for name in
+    steps = sorted(files.step_of(name.rsplit('.', 1)[0]) for name in
                    storage.listdir(self._directory)
                    if name.startswith('ckpt-') and name.endswith('.index'))
     for old in steps[:-self._max_to_keep]:

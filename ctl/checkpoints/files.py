@@ -6,7 +6,11 @@ import os
 import tensorflow as tf
 
 from ctl import storage
-from ctl.checkpoints import manager
+
+
+def step_of(path: str) -> int:
+  """The step of a checkpoint path: every checkpoint is named ckpt-<step>."""
+  return int(path.rsplit('-', 1)[1])
 
 
 def copy_checkpoint(source: str, destination: str) -> None:
@@ -68,4 +72,4 @@ def listed(directory: str) -> list[tuple[int, str]]:
   paths = [path if os.path.isabs(path) or not storage.is_local(path)
            else os.path.join(directory, path)
            for path in state.all_model_checkpoint_paths]
-  return sorted((manager.step_of(path), path) for path in paths)
+  return sorted((step_of(path), path) for path in paths)

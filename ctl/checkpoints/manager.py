@@ -13,17 +13,22 @@ checkpoints only after that. A kill at any moment leaves the previous or the
 new checkpoint as the latest, whole.
 """
 
-from collections.abc import Callable
+from collections.abc import Sequence
+import dataclasses
 import os
 
 from absl import logging
 import tensorflow as tf
 
+from ctl import actions as actions_lib
 from ctl import errors
 from ctl import storage
 from ctl.checkpoints import contents as checkpoint_contents
+from ctl.checkpoints import data_positions
+from ctl.checkpoints import files as checkpoint_files
 from ctl.runtime import scratch
 from ctl.runtime import tf_internals
+from ctl.runtime import workdir as workdir_lib
 
 
 class Checkpointer:
@@ -40,12 +45,12 @@ class Checkpointer:
   def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *,
                is_chief: bool, task_id: int, max_to_keep: int,
                async_save: bool = False,
-               data_problem: Callable[[int], str | None] = lambda step: None):
-    """Args as named; data_problem(step): why the parts of checkpoint
-    `step` that every worker writes (its data position) cannot resume this
-    job, or None when they can: only then can it be the latest."""
+               data: data_positions.DataPositions | None = None):
+    """Args as named; data: the data positions every worker writes beside
+    each checkpoint: a checkpoint can be the latest only when they can
+    resume this job (DataPositions.problem)."""
     self._checkpoint = checkpoint
-    self._data_problem = data_problem
+    self._data = data
     self.directory = directory
     self._last_saved_step = None
     self._options = None
@@ -105,7 +110,9 @@ class Checkpointer:
     """Why checkpoint `path` cannot be resumed from; None if it can."""
     if not storage.exists(f'{path}.index'):
       return 'has no files (moved away?)'
-    return self._data_problem(step_of(path))
+    if self._data is None:
+      return None
+    return self._data.problem(checkpoint_files.step_of(path))
 
   def restore_latest(self) -> str | None:
     """Restores the newest checkpoint, if any; returns its path.
@@ -130,7 +137,7 @@ class Checkpointer:
           f'cannot be read: {errors.summary(error)}\nIt was left untouched. '
           f'{self._how_to_resume_before(path)}Resume it with the config that '
           'wrote it, or train in a new --workdir.') from error
-    self._last_saved_step = step_of(path)
+    self._last_saved_step = checkpoint_files.step_of(path)
     logging.info('Restored %s', path)
     return path
 
@@ -206,9 +213,105 @@ class Checkpointer:
         raise error
 
 
-def step_of(path: str) -> int:
-  """The step of a checkpoint path: every checkpoint is named ckpt-<step>."""
-  return int(path.rsplit('-', 1)[1])
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """What restore_latest restored: the step, and why an action stopped
+  training there (None when none did)."""
+
+  step: int
+  stopped: str | None
+
+
+class TrainingCheckpoint(actions_lib.Action):
+  """A run's whole checkpoint: the model's (a Checkpointer), every
+  worker's data position and the actions' states, saved and restored
+  together. It is the loop's last action, due by its intervals, at the
+  end and on request: it holds every decision of its step.
+  """
+
+  name = 'checkpoint'
+  on_every_worker = True
+
+  def __init__(self, model: Checkpointer, data: data_positions.DataPositions,
+               states: actions_lib.ActionStates, *, task, state,
+               when: actions_lib.When, workdir: str,
+               workdir_lock: workdir_lib.Lock):
+    """Args as named.
+
+    Args:
+      model: the checkpoint of the task's variables and `state`.
+      states: the variable in `model`'s checkpoint holding the actions'.
+      task: the ctl.Task whose weights restore_weights puts back.
+      state: the TrainState (step, epoch), checked on restore.
+      workdir_lock: the lock of `workdir`; a save into a workdir that
+        vanished (the lock lost) fails.
+    """
+    self.model, self.data, self._states = model, data, states
+    self._actions = []  # Those whose states it saves (track).
+    self._task, self._state = task, state
+    self.when = when
+    self._workdir, self._workdir_lock = workdir, workdir_lock
+
+  def restore_latest(self, steps_per_epoch: int) -> Restored | None:
+    """Restores the latest checkpoint, its data position and the actions'
+    states; None when there is none.
+
+    Raises:
+      ConfigError: it cuts epochs other than `steps_per_epoch` does.
+      CtlError: it, or its data position, does not fit (see Checkpointer
+        and DataPositions): nothing was written.
+    """
+    if not self.model.restore_latest():
+      return None
+    self._state.check_resumable(steps_per_epoch)
+    step = int(self._state.step.numpy())
+    self.data.restore(step)
+    return Restored(step, self._states.restore(self._actions))
+
+  def track(self, actions: Sequence[actions_lib.Action]) -> None:
+    """Saves the states of `actions` too, from now on, and gives them those
+    of the checkpoint restored, if any (kept until the next save)."""
+    self._states.restore(actions)
+    self._actions.extend(actions)
+
+  def run(self, event: actions_lib.Event) -> None:
+    """As an action: saves at the event's step."""
+    self.save(event.step, event.requests.get('stop'))
+
+  def save(self, step: int, stopped: str | None = None) -> None:
+    """Saves checkpoint `step` on every worker: the actions' states (and
+    why training stops there, if it does), the data position, the model."""
+    self.check_workdir()
+    self._states.capture(self._actions, stopped)
+    self.data.save(step)
+    self.model.save(step)
+
+  def restore_weights(self) -> int:
+    """Puts back the task's variables from the latest checkpoint, not the
+    step or the data position (a rollback); returns its step."""
+    self.model.wait()
+    path = self.model.latest
+    if path is None:
+      raise errors.CtlError(
+          'The training loss diverged before the first checkpoint: there is '
+          'nothing to roll back to. Lower the learning rate, or save '
+          'earlier (config.intervals.checkpoint_steps).')
+    checkpoint_contents.weights_checkpoint(self._task).read(
+        path).expect_partial()
+    return checkpoint_files.step_of(path)
+
+  def check_workdir(self) -> None:
+    """Stops the run if the workdir vanished (the chief, which holds its
+    lock): TensorFlow would write the next checkpoint into folders created
+    anew, and the run would go on.
+
+    Raises:
+      CtlError: it was deleted, moved or replaced.
+    """
+    if self._workdir_lock.lost():
+      raise workdir_lib.vanished(
+          self._workdir, 'the folder this run locked is no longer there')
 
 
 def _check_state_file(directory: str) -> None:

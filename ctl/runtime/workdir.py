@@ -178,6 +178,14 @@ class Lock:
     return (now.st_dev, now.st_ino) != (locked.st_dev, locked.st_ino)
 
 
+def vanished(workdir: str, detail: str) -> errors.CtlError:
+  """The error for a workdir deleted, moved or unmounted mid-run."""
+  return errors.CtlError(
+      f'The workdir {workdir} vanished during the run (deleted, moved or '
+      f'unmounted): {detail}. Restore it (the latest whole checkpoint in it '
+      'resumes the run) or train in a new --workdir.')
+
+
 def _lock_holder(path: str) -> str:
   """Who holds the flock on `path`, as /proc/locks and /proc/<pid> tell
   (this host only)."""

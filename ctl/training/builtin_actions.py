@@ -21,7 +21,7 @@ from ctl import errors
 from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.runtime import workdir as workdir_lib
-from ctl.training import loop
+from ctl.training import failures
 
 class EarlyStopping(actions.Action):
   """Stops training cleanly (exit 0) once an eval metric has not improved
@@ -130,7 +130,7 @@ class Rollback(actions.Action):
       self._recent = (self._recent + [value])[-self._window:]
       return
     if self._rollbacks >= self._max_rollbacks:
-      loop.check_finite(event.loop_means, event.first_step, event.step)
+      failures.check_finite(event.loop_means, event.first_step, event.step)
       raise errors.CtlError(
           f'The training {self._metric} {problem} after step {event.step}, '
           f'and the run was rolled back {self._rollbacks} time(s) already '

@@ -26,7 +26,6 @@ from ctl import errors
 from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import files as checkpoint_files
-from ctl.checkpoints import manager as checkpoint_manager
 from ctl.cluster import distribution
 from ctl.runtime import preemption
 from ctl.runtime import scratch
@@ -184,7 +183,7 @@ class _SideEvaluation:
     Returns:
       The results, or None when the checkpoint was gone before it was read.
     """
-    step = checkpoint_manager.step_of(path)
+    step = checkpoint_files.step_of(path)
     # Beside the checkpoints, where a hard link costs nothing; on an
     # object store, a local copy in a folder of its own, removed after.
     local = storage.is_local(self._eval_dir)

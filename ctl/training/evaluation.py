@@ -12,23 +12,32 @@ end.
 """
 
 from collections.abc import Callable, Mapping
+import os
 from typing import Any
 
 from absl import logging
+import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from ctl import actions as actions_lib
 from ctl import task as task_lib
 from ctl import task_hooks
+from ctl.checkpoints import best as best_lib
+from ctl.checkpoints import manager as checkpoint_manager
+from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.data import in_memory
 from ctl.runtime import summaries
+from ctl.runtime import workdir as workdir_lib
+from ctl.training import ema
 from ctl.training import failures
 from ctl.training import metric_reading
 from ctl.training import steps as steps_lib
 
 # The name of the one eval set of a task whose eval_data returns one set.
 SINGLE = ''
+
 
 
 class Evaluator:
@@ -190,3 +199,85 @@ class Evaluator:
     examples = totals.pop(steps_lib.EXAMPLES)
     return {key: float(value / examples) if examples else float('nan')
             for key, value in totals.items()}
+
+
+class TrainingEvaluation(actions_lib.Action):
+  """The evaluate action: evaluates every eval set and keeps the best
+  checkpoint; does nothing when the cluster has an evaluator task, which
+  then does both."""
+
+  name = 'evaluate'
+  on_every_worker = True
+
+  def __init__(self, evaluator: Evaluator, best: best_lib.BestCheckpoint,
+               checkpoint: checkpoint_manager.TrainingCheckpoint, *,
+               task: task_lib.Task, strategy: tf.distribute.Strategy,
+               when: actions_lib.When, enabled: bool = True):
+    """Args as named; checkpoint: the run's, whose state a best is a copy
+    of; enabled: False when the cluster's evaluator task evaluates."""
+    self._evaluator, self.best = evaluator, best
+    self._checkpoint = checkpoint
+    self._task, self._strategy = task, strategy
+    self.when = when
+    self._ema = None  # Made at the first evaluation (optimizers built).
+    self._enabled = enabled
+    if not enabled:
+      logging.info('The cluster\'s evaluator task evaluates the checkpoints: '
+                   'training does not evaluate.')
+    self.last = None  # The latest results.
+
+  def run(self, event: actions_lib.Event) -> None:
+    """As an action: evaluates at the event's step."""
+    if self.evaluate(event.step) is not None:
+      event.eval_results, event.evaluated = self.last, True
+
+  def evaluate(self, step: int) -> dict | None:
+    """Evaluates; keeps the best. None without eval data or evaluation."""
+    if not self._enabled or not self._evaluator.has_data():
+      return None
+    if self._ema is None:
+      self._ema = ema.EmaWeights(self._task, self._strategy)
+    # With the optimizers' moving averages of the weights, if they keep
+    # any; the best checkpoint is written with the training weights.
+    with self._ema.swapped():
+      self.last = self._evaluator.evaluate(step)
+    # Every worker has the same (all-reduced) results, so all decide alike
+    # and take part in the save.
+    if self.best.improves(self.last):
+      self._checkpoint.check_workdir()  # Before writing into it.
+      self.best.keep(step, self.last, self._checkpoint.model.write_copy,
+                      wait=self._checkpoint.model.wait)
+    return self.last
+
+  def close(self) -> None:
+    """Closes the writers; records a best still being written, once it is."""
+    self._evaluator.close()
+    self._checkpoint.model.wait()
+    self.best.finish()
+
+
+def for_training(config: ml_collections.ConfigDict, workdir: str, *,
+                 strategy: tf.distribute.Strategy, task: task_lib.Task,
+                 context: tf.distribute.InputContext, eval_batch_size: int,
+                 task_info: distribution.Role,
+                 watchdog: watchdog_lib.Watchdog,
+                 checkpoint: checkpoint_manager.TrainingCheckpoint
+                 ) -> TrainingEvaluation:
+  """A training run's evaluate action, due every config.intervals.eval_steps,
+  each epoch, at the end and on request, keeping the best checkpoint."""
+  best = best_lib.BestCheckpoint(
+      workdir, config.evaluation.best_metric, config.evaluation.best_mode,
+      is_chief=task_info.is_chief, reread=task_info.num_workers == 1)
+  evaluator = Evaluator(
+      strategy=strategy, task=task, context=context,
+      eval_batch_size=eval_batch_size, seed=config.seed,
+      autograph=config.autograph,
+      make_writer=lambda name: summaries.make_writer(
+          os.path.join(workdir_lib.summary_dir(workdir, 'eval'), name),
+          task_info.is_chief),
+      watchdog=watchdog)
+  return TrainingEvaluation(
+      evaluator, best, checkpoint, task=task, strategy=strategy,
+      when=actions_lib.When(steps=config.intervals.eval_steps, epochs=1,
+                            at_end=True, on_request='evaluate'),
+      enabled=not task_info.has_evaluator)

@@ -20,6 +20,7 @@ whole one resumes the run.
 
 import contextlib
 import errno
+import math
 import os
 
 from absl import logging
@@ -157,7 +158,7 @@ def storage_failure(error: Exception, workdir: str,
   latest is written last), so the latest whole one is kept either way."""
   if (workdir_lock is not None and workdir_lock.lost()) or not _present(
       workdir):
-    return workdir_vanished(workdir, errors.summary(error, 300))
+    return workdir_lib.vanished(workdir, errors.summary(error, 300))
   if _names_missing_file(error, workdir):
     return errors.CtlError(
         f'Files of the workdir {workdir} vanished during the run (deleted '
@@ -172,14 +173,6 @@ def storage_failure(error: Exception, workdir: str,
         'some space (or lower config.intervals.keep_checkpoints), then run '
         'the same command again to resume from the latest.')
   return None
-
-
-def workdir_vanished(workdir: str, detail: str) -> errors.CtlError:
-  """The error for a workdir deleted, moved or unmounted mid-run."""
-  return errors.CtlError(
-      f'The workdir {workdir} vanished during the run (deleted, moved or '
-      f'unmounted): {detail}. Restore it (the latest whole checkpoint in it '
-      'resumes the run) or train in a new --workdir.')
 
 
 def _names_missing_file(error: Exception, workdir: str) -> bool:
@@ -197,3 +190,17 @@ def _present(workdir: str) -> bool:
     return storage.isdir(workdir)
   except tf.errors.OpError:
     return True
+
+
+def check_finite(logs: dict[str, float], previous_step: int,
+                 step: int) -> None:
+  """Raises CtlError naming the first log that is not finite."""
+  for name, value in logs.items():
+    if not math.isfinite(value):
+      where = (f'at step {step}' if step - previous_step == 1 else
+               f'in steps {previous_step + 1}..{step}')
+      raise errors.CtlError(
+          f'The training {name} is {value} after step {step}: it diverged '
+          f'{where}. Nothing was saved after step {previous_step}. Lower the '
+          'learning rate, or run with --config.steps_per_loop=1 to find the '
+          'exact step.')

@@ -8,26 +8,31 @@ every worker (metric reads and checkpoint saves are collectives under
 MultiWorkerMirroredStrategy). No action is special: the checkpoint is the
 last of the list, due by its intervals, at the end, and on request
 (SIGTERM, its time interval, or an action's).
+
+The loop calls down only: it is handed the run's checkpoint
+(ctl/checkpoints/manager.TrainingCheckpoint), which it saves as its last
+action and whose weights it puts back on an action's rollback.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 import dataclasses
-import datetime
-import math
 from typing import Any
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from ctl import errors
-from ctl.cluster import worker_status
-from ctl.training import loop_plan
-from ctl.runtime import preemption
-from ctl.runtime import progress
-from ctl.runtime import summaries
 from ctl import actions as actions_lib
+from ctl import errors
+from ctl.checkpoints import manager as checkpoint_manager
+from ctl.cluster import distribution
+from ctl.cluster import watchdog as watchdog_lib
+from ctl.cluster import worker_status
+from ctl.runtime import preemption
+from ctl.training import failures
+from ctl.training import loop_plan
 from ctl.training import metric_reading
+from ctl.training import report
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 
@@ -43,51 +48,70 @@ class Stopped:
   reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Wiring:
+  """What the loop reads and tells, besides its steps and actions.
+
+  Attributes:
+    length: the run's batch sizes and step counts.
+    steps_per_loop: the most steps in one loop.
+    strategy: the distribution strategy (the workers' agreements).
+    task_info: this worker's place in the job.
+    task: the ctl.Task (handed to the actions in each Event).
+    workdir: the run's workdir.
+    stop_signal: SIGTERM's request to stop.
+    speed: times the loops.
+    started: when the process started (speed_lib.process_start_time).
+    watchdog: told of each loop and action (multi-worker).
+    status: times each loop and action (this worker's status file).
+  """
+
+  length: state_lib.TrainingLength
+  steps_per_loop: int
+  strategy: tf.distribute.Strategy
+  task_info: distribution.Role
+  task: Any
+  workdir: str
+  stop_signal: preemption.StopSignal
+  speed: speed_lib.SpeedMeter
+  started: float
+  watchdog: watchdog_lib.Watchdog
+  status: worker_status.WorkerStatus
+
+
 class TrainLoop:
   """Runs planned loops of steps; after each, the checks and the actions
-  due, in their order."""
+  due, in their order, the checkpoint last."""
 
-  def __init__(self, *, runner, length: state_lib.TrainingLength,
-               steps_per_loop: int, actions: Sequence[actions_lib.Action],
-               reporter: 'Reporter', stop_signal: preemption.StopSignal,
-               speed: speed_lib.SpeedMeter, strategy: tf.distribute.Strategy,
-               task, workdir: str, is_chief: bool, num_workers: int,
-               started: float, restore_weights: Callable[[], int],
-               progress: Callable[[], None] = lambda: None,
-               status: worker_status.WorkerStatus | None = None):
+  def __init__(self, wiring: Wiring, *, runner, reporter: report.Reporter,
+               actions: Sequence[actions_lib.Action],
+               checkpoint: checkpoint_manager.TrainingCheckpoint):
     """Args as named.
 
     Args:
       runner: a ctl.training.steps.StepRunner.
-      actions: in the order they run after a loop.
       reporter: gets each loop's logs; its report is one of the actions.
-      started: when the process started (speed_lib.process_start_time).
-      restore_weights: puts back the task's variables from the latest
-        checkpoint, not the step or the data position; returns its step
-        (for an action's rollback request).
-      progress: called after each loop and action (the watchdog's beat).
-      status: times each loop and action (this worker's status file).
+      actions: in the order they run after a loop, before the checkpoint.
+      checkpoint: saved as the last action; rolled back to (the weights
+        only) on an action's request.
     """
     self._runner = runner
-    self._length = length
-    self._steps_per_loop = steps_per_loop
-    self._actions = list(actions)
+    self._length = wiring.length
+    self._steps_per_loop = wiring.steps_per_loop
+    self._actions = [*actions, checkpoint]
+    self._checkpoint = checkpoint
     self._reporter = reporter
-    self._stop_signal = stop_signal
-    self._speed = speed
-    self._task = task
-    self._workdir = workdir
-    self._is_chief = is_chief
-    self._num_workers = num_workers
-    self._started = started
-    self._restore_weights = restore_weights
-    self._progress = progress
-    self._status = status or worker_status.WorkerStatus(None)
+    self._stop_signal = wiring.stop_signal
+    self._speed = wiring.speed
+    self._wiring = wiring
+    self._is_chief = wiring.task_info.is_chief
+    self._num_workers = wiring.task_info.num_workers
+    self._status = wiring.status
     # Unless an action handles it (a rollback), a log that is not finite
     # stops the run before any action runs.
     self._stop_on_divergence = not any(action.handles_divergence
                                        for action in self._actions)
-    self._worker_sum = metric_reading.WorkerSum(strategy)
+    self._worker_sum = metric_reading.WorkerSum(wiring.strategy)
     # The actions due by time, on some worker's clock, agreed in train_loop.
     self._clocks = {index: actions_lib.Clock(action.when.secs)
                     for index, action in enumerate(self._actions)
@@ -129,7 +153,8 @@ class TrainLoop:
       preempted, time_due, logs = self._train(iterator, previous_step, step)
       event = actions_lib.Event(
           step=step, steps_per_epoch=self._length.steps_per_epoch,
-          total_steps=total_steps, task=self._task, workdir=self._workdir,
+          total_steps=total_steps, task=self._wiring.task,
+          workdir=self._wiring.workdir,
           is_chief=self._is_chief, train_logs=self._reporter.latest,
           eval_results=self.eval_results, loop_means=logs,
           first_step=previous_step)
@@ -168,14 +193,15 @@ class TrainLoop:
                  for name, value in outputs['loop_logs'].items()}
     agreed = (outputs['requests'].numpy() > 0).tolist()
     if self._speed.stop(num_steps):
-      self.first_step_seconds = speed_lib.seconds_since(self._started)
+      self.first_step_seconds = speed_lib.seconds_since(
+          self._wiring.started)
       # A resumed run's first loop is as long as an uninterrupted run's.
       logging.info('%s done %.1f s after the process started',
                    'First step' if num_steps == 1 else
                    f'First loop (steps {previous_step + 1}..{step})',
                    self.first_step_seconds)
     if self._stop_on_divergence:
-      check_finite(logs, previous_step, step)
+      failures.check_finite(logs, previous_step, step)
     self._reporter.add(logs, num_steps, loop_logs, outputs.get('metrics'))
     return (agreed[0],
             {index for index, due in zip(timed, agreed[1:]) if due}, logs)
@@ -203,7 +229,7 @@ class TrainLoop:
     ran = {}  # {index: (logged, evaluated) when it ran}
     rolled_back = False
     while True:
-      self._progress()  # After the loop, and after each action.
+      self._wiring.watchdog.beat()  # After the loop and each action.
       if 'rollback' in event.requests and not rolled_back:
         rolled_back = True
         self._roll_back(event)
@@ -230,7 +256,7 @@ class TrainLoop:
 
   def _roll_back(self, event: actions_lib.Event) -> None:
     """Puts back the latest checkpoint's weights; the data goes on."""
-    restored = self._restore_weights()
+    restored = self._checkpoint.restore_weights()
     self._reporter.restored()
     logging.warning(
         'Rolled back after step %d: %s. The weights of step %d are back; '
@@ -248,6 +274,7 @@ class TrainLoop:
   def _due(self, action: actions_lib.Action, index: int,
            event: actions_lib.Event, time_due: set[int],
            ran: dict[int, tuple[bool, bool]]) -> bool:
+    """Whether the action at `index` is due (again) after this loop."""
     when = action.when
     if index in ran:
       logged, evaluated = ran[index]
@@ -261,132 +288,3 @@ class TrainLoop:
         (when.on_request and when.on_request in event.requests) or
         index in time_due)
 
-
-class Reporter(actions_lib.Action):
-  """The report action: logs and summarises the task's logs and metrics.
-
-  The task's logs are averaged over the steps since the last report; the
-  train metrics are read (on every worker: a collective) and reset. The
-  logs' running sums are in every checkpoint (its state): a resumed run's
-  first report averages the same steps as an uninterrupted run's (the
-  train metrics, not in the checkpoint, count the steps since the resume).
-  A rollback starts both anew: the next report covers the steps trained
-  after it.
-  """
-
-  # Its state's key among the actions' states; a task's action named so is
-  # refused (Trainer), as two actions sharing a name are.
-  name = 'ctl.report'
-  on_every_worker = True
-
-  def __init__(self, *, length: state_lib.TrainingLength,
-               metrics: metric_reading.MetricReader,
-               writer: summaries.MetricWriter, speed: speed_lib.SpeedMeter,
-               when: actions_lib.When, summary_when: actions_lib.When):
-    """Args as named; when: the report action's, summary_when: the
-    summaries' (a report writes them when both are due)."""
-    self.when = when
-    self._length = length
-    self._metrics = metrics
-    self._writer = writer
-    self._speed = speed
-    self._summary_when = summary_when
-    self._sums: dict[str, float] = {}
-    self._steps = 0
-    self._latest: dict[str, float] = {}  # The latest loop's loop_logs.
-    self._metric_results = None  # Read by the loop, for the next report.
-    self.latest: dict[str, float] = {}  # The latest report's values.
-
-  def due_at(self, step: int) -> bool:
-    """Whether the report is due after `step` by its counts or as the end
-    of training (not by a request: a stop's report reads the metrics
-    itself)."""
-    return self.when.due_at(step, self._length.steps_per_epoch,
-                            step >= self._length.total_steps)
-
-  def add(self, logs: dict[str, float], num_steps: int,
-          loop_logs: dict[str, float], metric_results=None) -> None:
-    """Adds a loop's mean logs; keeps its loop_logs, the latest, and the
-    train metrics' results if the loop read them (then reset them)."""
-    for name, value in logs.items():
-      self._sums[name] = self._sums.get(name, 0.0) + value * num_steps
-    self._steps += num_steps
-    self._latest = loop_logs
-    if metric_results is not None:
-      self._metric_results = metric_reading.as_python(metric_results)
-
-  def restored(self) -> None:
-    """After a rollback: the steps since the last report are dropped (their
-    logs, loop_logs and train metrics); the next report covers the steps
-    after it."""
-    self._sums, self._steps, self._latest = {}, 0, {}
-    self._metric_results = None
-    self._metrics.reset()
-
-  def state(self) -> dict[str, Any]:
-    """The logs' sums since the last report (JSON keeps a float exact)."""
-    return {'sums': self._sums, 'steps': self._steps}
-
-  def restore(self, state: dict[str, Any]) -> None:
-    """Takes back the sums state() returned at the checkpoint resumed."""
-    self._sums, self._steps = dict(state['sums']), state['steps']
-
-  def run(self, event: actions_lib.Event) -> None:
-    """As an action: the report."""
-    self.report(event)
-
-  def report(self, event: actions_lib.Event) -> None:
-    """Logs (and at summary steps summarises) everything since the last."""
-    if not self._steps:
-      # A rollback at this step left no step to report (its warning says
-      # so): no log line; the actions after one do not run.
-      return
-    step = event.step
-    scalars = {name: total / self._steps for name, total in self._sums.items()}
-    self._sums, self._steps = {}, 0
-    scalars.update(self._latest)
-    if self._metric_results is None:
-      self._metric_results = self._metrics.read_and_reset()
-    scalars.update(self._metric_results)
-    self._metric_results = None
-    steps_per_second = self._speed.steps_per_second()
-    if steps_per_second:
-      scalars['steps_per_second'] = steps_per_second
-      scalars['examples_per_second'] = (
-          steps_per_second * self._length.global_batch_size)
-    if self._summary_when.due_at(step, self._length.steps_per_epoch,
-                                 event.end):
-      self._writer.write(step, scalars)
-    self.latest = event.train_logs = scalars
-    event.logged = True
-    # Counted from 1: "epoch 1, step 22 of 22" is the end of the first epoch.
-    epoch = -(-step // self._length.steps_per_epoch)
-    step_in_epoch = step - (epoch - 1) * self._length.steps_per_epoch
-    eta = self._speed.eta_seconds(step, self._length.total_steps)
-    line = 'step %d/%d epoch %d/%d (step %d of %d) | %s | ETA %s' % (
-        step, self._length.total_steps, epoch, self._length.num_epochs,
-        step_in_epoch, self._length.steps_per_epoch,
-        summaries.format_scalars(scalars),
-        datetime.timedelta(seconds=round(eta)) if eta is not None else '?')
-    live = progress.live_stream()
-    if live and step_in_epoch != self._length.steps_per_epoch and not (
-        event.end):
-      live.show(line)  # On a terminal; epoch ends and the end scroll.
-      return
-    if live:
-      live.show('')
-    logging.info('%s', line)
-
-
-def check_finite(logs: dict[str, float], previous_step: int,
-                  step: int) -> None:
-  """Raises CtlError naming the first log that is not finite."""
-  for name, value in logs.items():
-    if not math.isfinite(value):
-      where = (f'at step {step}' if step - previous_step == 1 else
-               f'in steps {previous_step + 1}..{step}')
-      raise errors.CtlError(
-          f'The training {name} is {value} after step {step}: it diverged '
-          f'{where}. Nothing was saved after step {previous_step}. Lower the '
-          'learning rate, or run with --config.steps_per_loop=1 to find the '
-          'exact step.')

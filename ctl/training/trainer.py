@@ -1,7 +1,7 @@
 """The Trainer: one run of a task, read as it happens.
 
     trainer = Trainer(config, workdir, ...)   # the task built, its input,
-                                              # checkpoints, evaluator
+                                              # checkpoint, actions
     results = trainer.restore_or_start()      # None: there is training to do
     outcome = trainer.train()                 # the loop and its actions
     results = trainer.finish(outcome)         # final evaluation, results.json
@@ -9,20 +9,19 @@
 Everything periodic (the log line, summaries, evaluation, the best
 checkpoint, the profiler, the task's own actions, the checkpoint) is an
 action of ctl/actions.py, which the loop (ctl/training/loop.py)
-runs between loops of steps (ctl/training/steps.py).
+runs between loops of steps (ctl/training/steps.py). The run's checkpoint
+(ctl/checkpoints/manager.TrainingCheckpoint) and the evaluate action
+(ctl/training/evaluation.TrainingEvaluation) are handed to the loop: it
+calls down into them, never back into the Trainer.
 """
-
-import os
 
 from absl import logging
 import ml_collections
 import tensorflow as tf
 
 from ctl import actions as actions_lib
-from ctl import errors
 from ctl import storage
 from ctl import task as task_lib
-from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import data_positions
 from ctl.checkpoints import manager as checkpoint_manager
@@ -35,14 +34,13 @@ from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import builtin_actions
-from ctl.training import ema
 from ctl.training import evaluation
-from ctl.training import failures
 from ctl.training import loop as loop_lib
 from ctl.training import loop_plan
 from ctl.training import metric_reading
 from ctl.training import mlflow_logger
 from ctl.training import pruning
+from ctl.training import report
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
@@ -81,69 +79,74 @@ class Trainer:
     assembled = assemble_lib.assemble(config, strategy, task_info, task_class,
                                       self.watchdog)
     self.task, self.state = assembled.task, assembled.state
-    self.length, self.action_states = assembled.length, assembled.action_states
-    self.context = assembled.context
-    in_memory = isinstance(assembled.train_data, task_lib.InMemory)
-    self.jit_compile = xla.resolve(
-        config.jit_compile, num_replicas=strategy.num_replicas_in_sync,
-        task=self.task, in_memory=in_memory)
-    logging.info('XLA compiles: %s (config.jit_compile=%r)', self.jit_compile,
-                 config.jit_compile)
-    with self.watchdog.paused():  # Reading data waits on no peer.
-      self.train_input = inputs.train_input(
-          strategy, assembled.train_data, seed=config.seed,
-          length=self.length,
-          pad_loops_to=(config.steps_per_loop if self.jit_compile == 'loop'
-                        else None),
-          num_local_replicas=distribution.local_replicas(strategy),
-          context=self.context)
-    self.data_positions = data_positions.DataPositions(
-        self.train_input.checkpointable,
-        workdir_lib.data_position_dir(workdir),
-        max_to_keep=config.intervals.keep_checkpoints,
-        pipeline=task_info.worker_index, num_pipelines=task_info.num_workers)
-    self.checkpointer = checkpoint_manager.Checkpointer(
-        assembled.checkpoint(), workdir_lib.checkpoint_dir(workdir),
-        is_chief=task_info.is_chief, task_id=task_info.task_id,
-        max_to_keep=config.intervals.keep_checkpoints,
-        async_save=config.intervals.async_checkpoint,
-        data_problem=self.data_positions.problem)
+    self.length, self.context = assembled.length, assembled.context
+    self._build_input(assembled)
+    self.checkpoint = self._training_checkpoint(assembled)
     self.task_actions = [
         *builtin_actions.from_config(config, workdir),
         *mlflow_logger.from_config(config, workdir, task_info.is_chief),
         *pruning.from_config(config, task_info.is_chief),
         *self.task.actions()]
     # The report's state is saved beside theirs, under its own name.
-    actions_lib.check_names([*self.task_actions, loop_lib.Reporter])
+    actions_lib.check_names([*self.task_actions, report.Reporter])
     if task_info.has_evaluator and any(action.when.after_eval
                                        for action in self.task_actions):
       logging.warning('The cluster\'s evaluator task evaluates, so training '
                       'does not: actions after each evaluation (early '
                       'stopping) never run.')
+    self.checkpoint.track(self.task_actions)
     self.speed = speed_lib.SpeedMeter()
-    self.reporter = None  # The report action, once training starts.
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
-    self.best = best_lib.BestCheckpoint(
-        workdir, config.evaluation.best_metric, config.evaluation.best_mode,
-        is_chief=task_info.is_chief, reread=task_info.num_workers == 1)
-    self.evaluation = _Evaluation(self, self.best)
+    self.evaluation = evaluation.for_training(
+        config, workdir, strategy=strategy, task=self.task,
+        context=self.context, eval_batch_size=self.length.eval_batch_size,
+        task_info=task_info, watchdog=self.watchdog,
+        checkpoint=self.checkpoint)
 
-  def _warm_start(self) -> None:
-    """Loads config.init_from's model weights; a source whose checkpoint
-    state file is not text (TensorFlow raises UnicodeDecodeError reading
-    it) fails in one line."""
-    source = self.config.init_from
-    try:
-      checkpoint_contents.warm_start(self.task, source,
-                                     self.config.init_select)
-    except UnicodeError as error:
-      raise errors.CtlError(
-          f'Cannot warm-start from config.init_from={source!r}: a checkpoint '
-          f'state file there ("checkpoint") is not a text file '
-          f'({errors.summary(error, 200)}). Point init_from at a checkpoint '
-          'path prefix (.../checkpoints/ckpt-N) or a workdir whose '
-          'checkpoints are whole.') from error
+  def _build_input(self, assembled: assemble_lib.Assembled) -> None:
+    """Chooses XLA and makes the training input."""
+    config = self.config
+    in_memory = isinstance(assembled.train_data, task_lib.InMemory)
+    self.jit_compile = xla.resolve(
+        config.jit_compile, num_replicas=self.strategy.num_replicas_in_sync,
+        task=self.task, in_memory=in_memory)
+    logging.info('XLA compiles: %s (config.jit_compile=%r)', self.jit_compile,
+                 config.jit_compile)
+    with self.watchdog.paused():  # Reading data waits on no peer.
+      self.train_input = inputs.train_input(
+          self.strategy, assembled.train_data, seed=config.seed,
+          length=self.length,
+          pad_loops_to=(config.steps_per_loop if self.jit_compile == 'loop'
+                        else None),
+          num_local_replicas=distribution.local_replicas(self.strategy),
+          context=self.context)
+
+  def _training_checkpoint(
+      self, assembled: assemble_lib.Assembled
+  ) -> checkpoint_manager.TrainingCheckpoint:
+    """The run's checkpoint: the model's, the data positions, the actions'
+    states; saved by its intervals, at the end and on request."""
+    config, task_info, workdir = self.config, self.task_info, self.workdir
+    intervals = config.intervals
+    positions = data_positions.DataPositions(
+        self.train_input.checkpointable,
+        workdir_lib.data_position_dir(workdir),
+        max_to_keep=intervals.keep_checkpoints,
+        pipeline=task_info.worker_index, num_pipelines=task_info.num_workers)
+    model = checkpoint_manager.Checkpointer(
+        assembled.checkpoint(), workdir_lib.checkpoint_dir(workdir),
+        is_chief=task_info.is_chief, task_id=task_info.task_id,
+        max_to_keep=intervals.keep_checkpoints,
+        async_save=intervals.async_checkpoint, data=positions)
+    return checkpoint_manager.TrainingCheckpoint(
+        model, positions, assembled.action_states, task=self.task,
+        state=self.state,
+        when=When(steps=intervals.checkpoint_steps,
+                  epochs=intervals.checkpoint_epochs,
+                  secs=intervals.checkpoint_secs, at_end=True,
+                  on_request='checkpoint'),
+        workdir=workdir, workdir_lock=self.workdir_lock)
 
   def restore_or_start(self) -> dict | None:
     """Restores the latest checkpoint, or warm-starts, or starts at step 0;
@@ -152,17 +155,15 @@ class Trainer:
     Nothing is written before the run is known to start: a checkpoint that
     does not fit, or a finished run, leaves the workdir as it was.
     """
-    self.data_positions.check_savable(self.train_input.dataset)
-    if self.checkpointer.restore_latest():
+    self.checkpoint.data.check_savable(self.train_input.dataset)
+    restored = self.checkpoint.restore_latest(self.length.steps_per_epoch)
+    if restored:
       self.watchdog.beat()
-      self.state.check_resumable(self.length.steps_per_epoch)
-      self.data_positions.restore(int(self.state.step.numpy()))
-      stopped = self.action_states.restore(self.task_actions)
-      if stopped:  # An action stopped it here; it was killed before the end.
-        self._stopped = loop_lib.Stopped(int(self.state.step.numpy()),
-                                         stopped)
+      if restored.stopped:  # An action stopped it here; killed before the end.
+        self._stopped = loop_lib.Stopped(restored.step, restored.stopped)
     elif self.config.init_from:
-      self._warm_start()
+      checkpoint_contents.warm_start(self.task, self.config.init_from,
+                                     self.config.init_select)
     if self.task_info.num_workers > 1:
       state_lib.check_workers_agree(self.strategy, self.state)
     state_lib.note_partitions(self.state, self.train_input.partitions,
@@ -185,8 +186,8 @@ class Trainer:
       workdir_lib.prepare(self.workdir)
       self.workdir_lock.acquire()  # A workdir that did not exist before.
       workdir_lib.remove_leftovers(self.workdir)
-      self.checkpointer.remove_leftovers()
-      self.best.repair()
+      self.checkpoint.model.remove_leftovers()
+      self.evaluation.best.repair()
       workdir_lib.save_config(self.workdir, self.config)
     return None
 
@@ -218,32 +219,50 @@ class Trainer:
       Preempted: after a checkpoint, when some worker received SIGTERM.
     """
     step = int(self.state.step.numpy())
-    if self._stopped or step >= self.length.total_steps:
-      return self._stopped
-    train_metrics = metric_reading.MetricReader(self.task.train_metrics)
-    runner = self._step_runner(train_metrics)
+    self.status.start(step=step, total_steps=self.length.total_steps,
+                      steps_per_epoch=self.length.steps_per_epoch,
+                      num_epochs=self.length.num_epochs)
+    writer = summaries.make_writer(
+        workdir_lib.summary_dir(self.workdir, 'train'), self.task_info.is_chief)
+    try:
+      if self._stopped or step >= self.length.total_steps:
+        return self._stopped
+      train_metrics = metric_reading.MetricReader(self.task.train_metrics)
+      reporter = self._reporter(train_metrics, writer)
+      self.loop = loop_lib.TrainLoop(
+          self._wiring(), runner=self._step_runner(train_metrics),
+          reporter=reporter, actions=self._actions(reporter),
+          checkpoint=self.checkpoint)
+      return self._run_loop(step)
+    finally:
+      writer.close()  # What it wrote is whole on disk, whatever happened.
+
+  def _reporter(self, train_metrics: metric_reading.MetricReader,
+                writer: summaries.MetricWriter) -> report.Reporter:
+    """The report action, with its sums since the last report from the
+    checkpoint resumed (saved in every checkpoint from now on)."""
     intervals = self.config.intervals
-    reporter = self.reporter = loop_lib.Reporter(
-        length=self.length, metrics=train_metrics,
-        writer=self.train_writer, speed=self.speed,
+    reporter = report.Reporter(
+        length=self.length, metrics=train_metrics, writer=writer,
+        speed=self.speed,
         when=When(steps=(intervals.log_steps, intervals.summary_steps),
                   epochs=1, at_end=True),
         summary_when=When(steps=intervals.summary_steps, epochs=1,
                           at_end=True))
-    # Its sums since the last report, from the checkpoint resumed (still
-    # in the variable: nothing was captured since).
-    self.action_states.restore([reporter])
-    self.loop = loop_lib.TrainLoop(
-        runner=runner, length=self.length,
-        steps_per_loop=self.config.steps_per_loop,
-        actions=self._actions(reporter), reporter=reporter,
-        stop_signal=self.stop_signal, speed=self.speed,
-        strategy=self.strategy, task=self.task, workdir=self.workdir,
-        is_chief=self.task_info.is_chief,
-        num_workers=self.task_info.num_workers, started=self.started,
-        restore_weights=self._restore_weights, progress=self.watchdog.beat,
-        status=self.status)
-    loops = self.loop.plan(int(self.state.step.numpy()))
+    self.checkpoint.track([reporter])
+    return reporter
+
+  def _wiring(self) -> loop_lib.Wiring:
+    """What the loop reads and tells, besides its steps and actions."""
+    return loop_lib.Wiring(
+        length=self.length, steps_per_loop=self.config.steps_per_loop,
+        strategy=self.strategy, task_info=self.task_info, task=self.task,
+        workdir=self.workdir, stop_signal=self.stop_signal, speed=self.speed,
+        started=self.started, watchdog=self.watchdog, status=self.status)
+
+  def _run_loop(self, step: int) -> loop_lib.Stopped | None:
+    """Runs the loop from `step`, with the steps' summary writer open."""
+    loops = self.loop.plan(step)
     step_writer = summaries.step_summary_writer(
         workdir_lib.summary_dir(self.workdir, 'train'),
         self.task_info.is_chief)
@@ -253,91 +272,54 @@ class Trainer:
     finally:
       step_writer.close()
 
-  def _actions(self, reporter: loop_lib.Reporter) -> list[actions_lib.Action]:
-    """ctl's actions and the task's, in the order they run after a loop:
-    those that handle a diverging loss (a rollback, before anything reads
-    the weights), report, evaluate (and what follows an evaluation),
-    profile, the task's others, and last the checkpoint, so that it holds
-    every decision of its step."""
-    intervals = self.config.intervals
-    call = actions_lib.Call
+  def _actions(self, reporter: report.Reporter) -> list[actions_lib.Action]:
+    """ctl's actions and the task's, in the order they run after a loop
+    (the checkpoint follows them, so that it holds every decision of its
+    step): those that handle a diverging loss (a rollback, before anything
+    reads the weights), report, evaluate (and what follows an evaluation),
+    profile, the task's others."""
     first = [action for action in self.task_actions
              if action.handles_divergence]
     return [
         *first,
         reporter,
-        call('worker-status', When(after_log=True), self.status.report),
-        call('evaluate', When(steps=intervals.eval_steps, epochs=1,
-                              at_end=True, on_request='evaluate'),
-             self.evaluation),
+        actions_lib.Call('worker-status', When(after_log=True),
+                         self.status.report),
+        self.evaluation,
         *builtin_actions.profile_actions(self.config.profile, self.workdir),
         *(action for action in self.task_actions if action not in first),
-        call('checkpoint', When(
-            steps=intervals.checkpoint_steps,
-            epochs=intervals.checkpoint_epochs,
-            secs=intervals.checkpoint_secs, at_end=True,
-            on_request='checkpoint'), self._save),
     ]
 
-  def _restore_weights(self) -> int:
-    """The task's variables from the latest checkpoint; returns its step."""
-    self.checkpointer.wait()
-    path = self.checkpointer.latest
-    if path is None:
-      raise errors.CtlError(
-          'The training loss diverged before the first checkpoint: there is '
-          'nothing to roll back to. Lower the learning rate, or save '
-          'earlier (config.intervals.checkpoint_steps).')
-    checkpoint_contents.weights_checkpoint(self.task).read(path).expect_partial()
-    return checkpoint_manager.step_of(path)
-
-  def check_workdir(self) -> None:
-    """Stops the run if the workdir vanished (the chief, which holds its
-    lock): TensorFlow would write the next checkpoint into folders created
-    anew, and the run would go on.
-
-    Raises:
-      CtlError: it was deleted, moved or replaced.
-    """
-    if self.workdir_lock.lost():
-      raise failures.workdir_vanished(
-          self.workdir, 'the folder this run locked is no longer there')
-
-  def _save(self, event: actions_lib.Event) -> None:
-    self.check_workdir()
-    self.action_states.capture([*self.task_actions, self.reporter],
-                               event.requests.get('stop'))
-    self.data_positions.save(event.step)
-    self.checkpointer.save(event.step)
-
   def run(self) -> dict:
-    """restore_or_start, train and finish, with the writers open."""
+    """restore_or_start, train and finish."""
     results = self.restore_or_start()
     if results is not None:
       return {**results, 'finished_now': False}
-    self.status.start(step=int(self.state.step.numpy()),
-                      total_steps=self.length.total_steps,
-                      steps_per_epoch=self.length.steps_per_epoch,
-                      num_epochs=self.length.num_epochs)
-    self.train_writer = summaries.make_writer(
-        workdir_lib.summary_dir(self.workdir, 'train'), self.task_info.is_chief)
     try:
       outcome = self.train()
+    except BaseException:
+      self._close()
+      raise
+    return {**self.finish(outcome), 'finished_now': True}
+
+  def _close(self) -> None:
+    """Closes the eval writers and waits for every checkpoint write: what
+    was written is whole on disk, and a background write's error is raised
+    here (not at exit)."""
+    try:
+      self.evaluation.close()
+    finally:
+      self.checkpoint.model.wait()
+
+  def finish(self, outcome: loop_lib.Stopped | None) -> dict:
+    """The final evaluation (unless the last loop evaluated), then the
+    results: the state, the last evaluation, the weights' fingerprint,
+    timing; in results.json (the chief)."""
+    try:
       if self.evaluation.last is None:
         self.evaluation.evaluate(int(self.state.step.numpy()))
     finally:
-      # Whatever happened, what was written so far is whole on disk, and
-      # a background write's error is raised here (not at exit).
-      try:
-        self.train_writer.close()
-        self.evaluation.close()
-      finally:
-        self.checkpointer.wait()
-    return {**self.finish(outcome), 'finished_now': True}
-
-  def finish(self, outcome: loop_lib.Stopped | None) -> dict:
-    """The results: the state, the last evaluation, the weights'
-    fingerprint, timing; in results.json (the chief)."""
+      self._close()
     results = {
         **self.state.as_dict(),
         'eval': self.evaluation.last or {},
@@ -361,56 +343,3 @@ class Trainer:
                    workdir_lib.results_path(self.workdir))
     return results
 
-
-class _Evaluation:
-  """The evaluate action: evaluates every eval set and keeps the best
-  checkpoint; does nothing when the cluster has an evaluator task, which
-  then does both."""
-
-  def __init__(self, trainer: Trainer, best: best_lib.BestCheckpoint):
-    self._checkpointer = trainer.checkpointer
-    self._best = best
-    self._check_workdir = trainer.check_workdir
-    self._task, self._strategy = trainer.task, trainer.strategy
-    self._ema = None  # Made at the first evaluation (optimizers built).
-    self._evaluator = evaluation.Evaluator(
-        strategy=trainer.strategy, task=trainer.task, context=trainer.context,
-        eval_batch_size=trainer.length.eval_batch_size,
-        seed=trainer.config.seed, autograph=trainer.config.autograph,
-        make_writer=lambda name: summaries.make_writer(
-            os.path.join(workdir_lib.summary_dir(trainer.workdir, 'eval'),
-                         name), trainer.task_info.is_chief),
-        watchdog=trainer.watchdog)
-    self._enabled = not trainer.task_info.has_evaluator
-    if not self._enabled:
-      logging.info('The cluster\'s evaluator task evaluates the checkpoints: '
-                   'training does not evaluate.')
-    self.last = None  # The latest results.
-
-  def __call__(self, event: actions_lib.Event) -> None:
-    if self.evaluate(event.step) is not None:
-      event.eval_results, event.evaluated = self.last, True
-
-  def evaluate(self, step: int) -> dict | None:
-    """Evaluates; keeps the best. None without eval data or evaluation."""
-    if not self._enabled or not self._evaluator.has_data():
-      return None
-    if self._ema is None:
-      self._ema = ema.EmaWeights(self._task, self._strategy)
-    # With the optimizers' moving averages of the weights, if they keep
-    # any; the best checkpoint is written with the training weights.
-    with self._ema.swapped():
-      self.last = self._evaluator.evaluate(step)
-    # Every worker has the same (all-reduced) results, so all decide alike
-    # and take part in the save.
-    if self._best.improves(self.last):
-      self._check_workdir()  # Before writing into it.
-      self._best.keep(step, self.last, self._checkpointer.write_copy,
-                      wait=self._checkpointer.wait)
-    return self.last
-
-  def close(self) -> None:
-    """Closes the writers; records a best still being written, once it is."""
-    self._evaluator.close()
-    self._checkpointer.wait()
-    self._best.finish()

@@ -149,7 +149,7 @@ def test_positions_saved_by_another_number_of_workers_are_refused(tmp_path):
 def test_a_checkpoint_without_every_workers_data_position_is_not_latest(
     tmp_path):
   saver = _checkpointer(tmp_path, _model(),
-                        data_problem=_positions(tmp_path, 0, 2).problem)
+                        data=_positions(tmp_path, 0, 2))
   for pipeline in range(2):
     _positions(tmp_path, pipeline, 2).save(1)
   saver.save(1)
@@ -157,12 +157,12 @@ def test_a_checkpoint_without_every_workers_data_position_is_not_latest(
   _positions(tmp_path, 0, 2).save(2)
   saver.save(2)
   restorer = _checkpointer(tmp_path, _model(),
-                           data_problem=_positions(tmp_path, 1, 2).problem)
+                           data=_positions(tmp_path, 1, 2))
   assert restorer.restore_latest().endswith('ckpt-1')
   # On one worker, the whole step 1 of two workers is a changed shape.
   with pytest.raises(errors.ConfigError, match='saved by 2 worker'):
     _checkpointer(tmp_path, _model(),
-                  data_problem=_positions(tmp_path, 0, 1).problem).latest
+                  data=_positions(tmp_path, 0, 1)).latest
 
 
 def test_checkpoints_that_cannot_resume_stop_the_run_untouched(tmp_path):
@@ -172,7 +172,7 @@ def test_checkpoints_that_cannot_resume_stop_the_run_untouched(tmp_path):
   before = helpers.file_stamps(tmp_path)
   # A task that reads a tf.data pipeline finds no data position at all.
   restorer = _checkpointer(tmp_path, _model(),
-                           data_problem=_positions(tmp_path, 0, 1).problem)
+                           data=_positions(tmp_path, 0, 1))
   with pytest.raises(errors.CtlError, match=r'(?s)No checkpoint .* can '
                      r'resume.*ckpt-2 has no data position.*ckpt-1 has no '
                      'data position'):

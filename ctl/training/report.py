@@ -1,0 +1,131 @@
+"""The report action: the log line and the train summaries, every
+`log_steps` and `summary_steps`, at each epoch's end and at the end."""
+
+import datetime
+from typing import Any
+
+from absl import logging
+
+from ctl import actions as actions_lib
+from ctl.runtime import progress
+from ctl.runtime import summaries
+from ctl.training import metric_reading
+from ctl.training import speed as speed_lib
+from ctl.training import state as state_lib
+
+
+class Reporter(actions_lib.Action):
+  """The report action: logs and summarises the task's logs and metrics.
+
+  The task's logs are averaged over the steps since the last report; the
+  train metrics are read (on every worker: a collective) and reset. The
+  logs' running sums are in every checkpoint (its state): a resumed run's
+  first report averages the same steps as an uninterrupted run's (the
+  train metrics, not in the checkpoint, count the steps since the resume).
+  A rollback starts both anew: the next report covers the steps trained
+  after it.
+  """
+
+  # Its state's key among the actions' states; a task's action named so is
+  # refused (Trainer), as two actions sharing a name are.
+  name = 'ctl.report'
+  on_every_worker = True
+
+  def __init__(self, *, length: state_lib.TrainingLength,
+               metrics: metric_reading.MetricReader,
+               writer: summaries.MetricWriter, speed: speed_lib.SpeedMeter,
+               when: actions_lib.When, summary_when: actions_lib.When):
+    """Args as named; when: the report action's, summary_when: the
+    summaries' (a report writes them when both are due)."""
+    self.when = when
+    self._length = length
+    self._metrics = metrics
+    self._writer = writer
+    self._speed = speed
+    self._summary_when = summary_when
+    self._sums: dict[str, float] = {}
+    self._steps = 0
+    self._latest: dict[str, float] = {}  # The latest loop's loop_logs.
+    self._metric_results = None  # Read by the loop, for the next report.
+    self.latest: dict[str, float] = {}  # The latest report's values.
+
+  def due_at(self, step: int) -> bool:
+    """Whether the report is due after `step` by its counts or as the end
+    of training (not by a request: a stop's report reads the metrics
+    itself)."""
+    return self.when.due_at(step, self._length.steps_per_epoch,
+                            step >= self._length.total_steps)
+
+  def add(self, logs: dict[str, float], num_steps: int,
+          loop_logs: dict[str, float], metric_results=None) -> None:
+    """Adds a loop's mean logs; keeps its loop_logs, the latest, and the
+    train metrics' results if the loop read them (then reset them)."""
+    for name, value in logs.items():
+      self._sums[name] = self._sums.get(name, 0.0) + value * num_steps
+    self._steps += num_steps
+    self._latest = loop_logs
+    if metric_results is not None:
+      self._metric_results = metric_reading.as_python(metric_results)
+
+  def restored(self) -> None:
+    """After a rollback: the steps since the last report are dropped (their
+    logs, loop_logs and train metrics); the next report covers the steps
+    after it."""
+    self._sums, self._steps, self._latest = {}, 0, {}
+    self._metric_results = None
+    self._metrics.reset()
+
+  def state(self) -> dict[str, Any]:
+    """The logs' sums since the last report (JSON keeps a float exact)."""
+    return {'sums': self._sums, 'steps': self._steps}
+
+  def restore(self, state: dict[str, Any]) -> None:
+    """Takes back the sums state() returned at the checkpoint resumed."""
+    self._sums, self._steps = dict(state['sums']), state['steps']
+
+  def run(self, event: actions_lib.Event) -> None:
+    """As an action: the report."""
+    self.report(event)
+
+  def report(self, event: actions_lib.Event) -> None:
+    """Logs (and at summary steps summarises) everything since the last."""
+    if not self._steps:
+      # A rollback at this step left no step to report (its warning says
+      # so): no log line; the actions after one do not run.
+      return
+    step = event.step
+    scalars = {name: total / self._steps for name, total in self._sums.items()}
+    self._sums, self._steps = {}, 0
+    scalars.update(self._latest)
+    if self._metric_results is None:
+      self._metric_results = self._metrics.read_and_reset()
+    scalars.update(self._metric_results)
+    self._metric_results = None
+    steps_per_second = self._speed.steps_per_second()
+    if steps_per_second:
+      scalars['steps_per_second'] = steps_per_second
+      scalars['examples_per_second'] = (
+          steps_per_second * self._length.global_batch_size)
+    if self._summary_when.due_at(step, self._length.steps_per_epoch,
+                                 event.end):
+      self._writer.write(step, scalars)
+    self.latest = event.train_logs = scalars
+    event.logged = True
+    # Counted from 1: "epoch 1, step 22 of 22" is the end of the first epoch.
+    epoch = -(-step // self._length.steps_per_epoch)
+    step_in_epoch = step - (epoch - 1) * self._length.steps_per_epoch
+    eta = self._speed.eta_seconds(step, self._length.total_steps)
+    line = 'step %d/%d epoch %d/%d (step %d of %d) | %s | ETA %s' % (
+        step, self._length.total_steps, epoch, self._length.num_epochs,
+        step_in_epoch, self._length.steps_per_epoch,
+        summaries.format_scalars(scalars),
+        datetime.timedelta(seconds=round(eta)) if eta is not None else '?')
+    live = progress.live_stream()
+    if live and step_in_epoch != self._length.steps_per_epoch and not (
+        event.end):
+      live.show(line)  # On a terminal; epoch ends and the end scroll.
+      return
+    if live:
+      live.show('')
+    logging.info('%s', line)
+
