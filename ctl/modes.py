@@ -20,7 +20,6 @@ from ctl import config as config_lib
 from ctl import errors
 
 from ctl.cluster import distribution
-from ctl.serving import export as export_lib
 from ctl.training import checkpoint_evaluation
 from ctl.training import mlflow_logger
 from ctl.training import run as run_lib
@@ -36,13 +35,20 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
   if mode == 'evaluate_continuously':
     results = checkpoint_evaluation.evaluate_continuously(config, workdir)
     if results['finished'] and config.export.at_end:
-      export_lib.export_run(config, workdir)
+      _export().export_run(config, workdir)
     return results
   if mode == 'export':
-    return {'export': export_lib.export_run(config, workdir,
+    return {'export': _export().export_run(config, workdir,
                                              checkpoint=checkpoint or 'best')}
   return run_lib.train_and_evaluate(config, workdir,
                                     on_finish=ExportAtEnd(config, workdir))
+
+
+def _export():
+  """ctl/serving/export.py, imported when a run exports: one that does not
+  never loads it."""
+  from ctl.serving import export  # pylint: disable=g-import-not-at-top
+  return export
 
 
 class ExportAtEnd:
@@ -61,14 +67,14 @@ class ExportAtEnd:
       return
     # A run that had finished is exported again only if that export was
     # cut short (killed or failed): the same command completes it.
-    if not finished_now and export_lib.is_whole(workdir):
+    if not finished_now and _export().is_whole(workdir):
       return
     # With an evaluator task in the cluster, it exports, once it has
     # evaluated the last checkpoint: the best is known only then.
     if task_info.task_type == 'evaluator' or (task_info.is_chief and
                                               not task_info.has_evaluator):
       mlflow_logger.log_export(config, workdir,
-                               export_lib.export_run(config, workdir))
+                               _export().export_run(config, workdir))
     elif not task_info.has_evaluator:
       _export_beside_the_chief(config, workdir)
 
@@ -81,7 +87,7 @@ def _export_beside_the_chief(config: ml_collections.ConfigDict,
   logged, not raised, as the chief's export is the one kept.
   """
   try:
-    export_lib.export_run(config, workdir, is_chief=False)
+    _export().export_run(config, workdir, is_chief=False)
   except errors.CtlError as error:
     logging.warning('This worker\'s export (discarded in any case; the '
                     'chief writes the export) failed: %s', error)

@@ -107,6 +107,7 @@ import tensorflow as tf
 from ctl import config as config_lib
 from ctl.data import inputs
 from ctl.training import assemble
+from ctl import modes  # What `python -m ctl.main` runs.
 from ctl.training import steps
 strategy = tf.distribute.get_strategy()
 built = assemble.assemble_locally(config_lib.load('configs/digits.py'),
