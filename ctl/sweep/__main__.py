@@ -11,7 +11,7 @@ from their checkpoints. A failed trial is reported and the others go on.
 
 Writes, in --workdir:
     sweep.json            the plan: config, metric, each trial's overrides and command
-    <trial>/              the trial's workdir, its log.txt and trial.json (exit code, wall time)
+    <trial>/              the trial's workdir, its log.txt and trial.json (exit code, error line, wall time)
     results.csv           one row per trial: overrides, final metrics, step, wall time
     <metric>.png          the metric against each swept hyperparameter
     events.*.hparams      TensorBoard HParams (with one per trial workdir)
@@ -208,19 +208,25 @@ class _Runner:
     for process in [p for p in self._running if p.poll() is not None]:
       trial, started, log = self._running.pop(process)
       log.close()
+      error = trial.error_line() if process.returncode else None
       trial.publish_log()
       record = trial.record()
       record.update(
           overrides=trial.overrides, exit_code=process.returncode,
           wall_seconds=record.get('wall_seconds', 0.0) +
           time.monotonic() - started)
+      record.pop('error', None)
+      if error:
+        record['error'] = error
       storage.write_json(os.path.join(trial.workdir, 'trial.json'),
                              record)
       if process.returncode == 0:
         trials_lib.say(f'{trial.name}: finished in {record["wall_seconds"]:.1f} s')
       else:
-        trials_lib.say(f'{trial.name}: FAILED with exit code {process.returncode}; '
-             f'log: {os.path.join(trial.workdir, "log.txt")}')
+        why = f': {error.rstrip(".")}' if error else ''
+        trials_lib.say(f'{trial.name}: FAILED with exit code '
+                       f'{process.returncode}{why}; log: '
+                       f'{os.path.join(trial.workdir, "log.txt")}')
 
 
 if __name__ == '__main__':

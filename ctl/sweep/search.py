@@ -221,16 +221,22 @@ class Runner:
     for process in [p for p in self._running if p.poll() is not None]:
       number, trial, started, log = self._running.pop(process)
       log.close()
+      error = trial.error_line() if process.returncode else None
       trial.publish_log()
       record = trial.record()
       record.update(overrides=trial.overrides, exit_code=process.returncode,
                     wall_seconds=record.get('wall_seconds', 0.0) +
                     time.monotonic() - started)
+      record.pop('error', None)
+      if error:
+        record['error'] = error
       storage.write_json(os.path.join(trial.workdir, 'trial.json'), record)
-      self._tell(number, trial, process.returncode)
+      self._tell(number, trial, process.returncode, error)
 
-  def _tell(self, number: int, trial: trials_lib.Trial, code: int) -> None:
-    """Records how a trial's process ended in the study."""
+  def _tell(self, number: int, trial: trials_lib.Trial, code: int,
+            error: str | None) -> None:
+    """Records how a trial's process ended in the study (error: its
+    `ctl: error:` line, if it printed one)."""
     frozen = self._frozen(number)
     if frozen.state.is_finished() or not self._leases.held_by_me(number):
       return  # Another process holds it now (it took it over).
@@ -255,6 +261,8 @@ class Runner:
     else:
       why = (f'exit code {code}' if results is None else
              f'no {self._sweep.metric} in its results')
+      if error:  # A task of one's own without the metric says so here.
+        why += f': {error.rstrip(".")}'
       self._study._storage.set_trial_user_attr(  # pylint: disable=protected-access
           frozen._trial_id, study_lib.FAILURE, f'{why}; log: {log}')  # pylint: disable=protected-access
       self._study.tell(number, state=study_lib.FAIL_STATE,

@@ -23,6 +23,12 @@ from ctl import storage
 from ctl.runtime import workdir as workdir_lib
 
 _MAX_NAME_CHARS = 80
+# How ctl.main says why it stopped; ctl.launch names the worker before it.
+_ERROR_LINE = re.compile(r'^(?:\[worker (?P<worker>\d+)\] )?ctl: error: '
+                         r'(?P<error>.*)$', re.MULTILINE)
+# A failed trial's error line is among its log's last lines (a traceback's
+# length at most).
+_ERROR_TAIL_BYTES = 64 * 1024
 
 
 def say(message: str) -> None:
@@ -101,6 +107,26 @@ class Trial:
     cannot take a process's output) a local file, published there by
     publish_log when the trial exits."""
     return open(self._local_log(), 'a')  # pylint: disable=consider-using-with
+
+  def error_line(self) -> str | None:
+    """Why the trial's latest run failed, in one line: its last
+    `ctl: error:` line (the chief's, of N workers), without the prefix.
+
+    Read before publish_log; only the lines after the runner's latest
+    `=== ` header count (an earlier run's error is not this one's).
+    """
+    path = self._local_log()
+    if not os.path.exists(path):
+      return None
+    with open(path, 'rb') as log:
+      log.seek(max(0, os.path.getsize(path) - _ERROR_TAIL_BYTES))
+      tail = log.read().decode('utf-8', 'replace')
+    tail = tail[tail.rfind('\n=== ') + 1:]
+    # ctl.launch prefixes each worker's lines: the chief's line says why.
+    found = {}  # worker ('0' or '' unprefixed, the chief) -> latest line
+    for match in _ERROR_LINE.finditer(tail):
+      found[match['worker'] or '0'] = match['error'].strip()
+    return found.get('0') or (list(found.values())[-1] if found else None)
 
   def publish_log(self) -> None:
     """Copies a remote workdir's local log into its log.txt."""

@@ -2,8 +2,9 @@
 the study after each evaluation and stops when the study's pruner says so.
 
 ctl.sweep (ctl/sweep/study.py) sets config.search (storage, study, trial,
-metric) in each trial's command; the trainer adds `ReportToStudy` for it on
-the chief alone, so an N-worker trial reports once per evaluation. A
+metric) in each trial's command; the trainer adds `ReportToStudy` for it,
+which runs on the chief alone (only the chief opens the study), so an
+N-worker trial reports once per evaluation. A
 resumed trial evaluates again at steps it reported before it stopped: those
 are not reported again (Optuna keys a trial's intermediate values by step).
 
@@ -14,6 +15,7 @@ from absl import logging
 import ml_collections
 
 from ctl import actions
+from ctl import errors
 from ctl.checkpoints import best as best_lib
 from ctl.runtime import studies
 
@@ -24,7 +26,13 @@ class ReportToStudy(actions.Action):
   when = actions.When(after_eval=True)
   on_every_worker = False  # Only the chief talks to the study.
 
-  def __init__(self, storage: str, study_name: str, number: int, metric: str):
+  def __init__(self, storage: str, study_name: str, number: int, metric: str,
+               is_chief: bool = True):
+    """Opens the study on the chief; the other workers hold the action
+    only so that every worker's list of actions is the same."""
+    self._metric = metric
+    if not is_chief:
+      return  # run() is never called here (on_every_worker is False).
     optuna = studies.import_optuna()
     self._study = optuna.load_study(study_name=study_name,
                                     storage=studies.open_storage(storage))
@@ -33,13 +41,9 @@ class ReportToStudy(actions.Action):
                                              search['pruner_options'])
     self._trial = optuna.trial.Trial(self._study,
                                      studies.trial_id(self._study, number))
-    self._metric = metric
 
   def run(self, event: actions.Event) -> None:
-    value = best_lib.metric_value(event.eval_results or {}, self._metric,
-                                  'search.metric',
-                                  "as Sweep.metric='eval.<name>' in the "
-                                  'sweep file')
+    value = self._value(event.eval_results or {})
     try:
       self._report(event.step, value)
       pruned = self._trial.should_prune()
@@ -53,6 +57,22 @@ class ReportToStudy(actions.Action):
       event.request_stop(
           f'pruned at step {event.step}: eval {self._metric} {value:.6g} '
           "is behind the study's other trials (its pruner)")
+
+  def _value(self, eval_results) -> float:
+    """The metric in this evaluation's results.
+
+    Raises:
+      ConfigError: a task of one's own whose results lack it (the sweep
+        could not know before the first evaluation): the trial fails.
+    """
+    metrics = best_lib.flat_metrics(eval_results)
+    if self._metric not in metrics:
+      names = ', '.join(f'eval.{name}' for name in sorted(metrics)) or 'none'
+      raise errors.ConfigError(
+          f"Sweep.metric 'eval.{self._metric}' is not in this trial's eval "
+          f'results (it has: {names}); set Sweep.metric in the sweep file to '
+          'one of those.')
+    return metrics[self._metric]
 
   def _report(self, step: int, value: float) -> None:
     reported = self._study._storage.get_trial(  # pylint: disable=protected-access
@@ -68,8 +88,14 @@ class ReportToStudy(actions.Action):
 
 def from_config(config: ml_collections.ConfigDict,
                 is_chief: bool) -> list[actions.Action]:
-  """The chief's ReportToStudy when ctl.sweep runs this as a search's trial."""
-  if not config.search.storage or not is_chief:
+  """ReportToStudy when ctl.sweep runs this as a search's trial.
+
+  Every worker has it: the loop runs a chief-only action on the chief and
+  then agrees its stop request with a collective on every worker, so a
+  worker without it would meet the chief's collective with another one
+  (an N-worker trial died of "Collective instance ... expected type").
+  """
+  if not config.search.storage:
     return []
   return [ReportToStudy(config.search.storage, config.search.study,
-                        config.search.trial, config.search.metric)]
+                        config.search.trial, config.search.metric, is_chief)]

@@ -38,6 +38,23 @@ def _write_sweep(path: pathlib.Path, search: str) -> str:
   return str(path)
 
 
+def _write_own_task_search(path: pathlib.Path, metric: str, num_trials: int = 2,
+                           num_workers: int = 1) -> str:
+  """A search over tests/configs/noisy_regression.py (a config from
+  ctl.base_config(), its eval results its own: mae, mse): tiny trials."""
+  config = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
+  # One epoch of 16 steps, evaluated every 8: two reports a trial.
+  path.write_text(
+      'from ctl import hyper\n\n'
+      'def get_sweep():\n'
+      f'  return hyper.Sweep(config={str(config)!r}, search=hyper.Search(\n'
+      "      space={'seed': hyper.integer(0, 3)}, "
+      f"num_trials={num_trials},\n"
+      "      fixed={'num_epochs': 1, 'intervals.eval_steps': 8}),\n"
+      f'      metric={metric!r}, mode="min", num_workers={num_workers})\n')
+  return str(path)
+
+
 def _command(sweep_file, workdir, storage='', *flags) -> list[str]:
   return [sys.executable, '-m', 'ctl.sweep', f'--sweep={sweep_file}',
           f'--workdir={workdir}', *([f'--storage={storage}'] if storage else []),
@@ -327,8 +344,63 @@ def test_a_failed_trial_is_failed_with_its_log_and_the_study_goes_on(tmp_path):
                     'sparse_categorical_crossentropy': 'COMPLETE'}
   [failed] = [trial for trial in study.trials if trial.state.name == 'FAIL']
   log = workdir / f'trial-{failed.number:04d}' / 'log.txt'
-  assert f'FAILED with exit code 1; log: {log}' in run.output
-  assert failed.user_attrs[study_lib.FAILURE] == f'exit code 1; log: {log}'
+  why = failed.user_attrs[study_lib.FAILURE]
+  assert re.fullmatch(rf'exit code 1: The training loss .*diverged.*; '
+                      rf'log: {log}', why), why
+  assert f'FAILED with {why}' in run.output
   assert 'diverged' in log.read_text()
   assert sorted(row['state'] for row in _read_csv(workdir / 'results.csv')) \
       == ['COMPLETE', 'FAIL']
+
+
+@pytest.mark.slow
+def test_a_search_over_a_task_of_ones_own(tmp_path):
+  workdir = tmp_path / 'own'
+  run = helpers.Watched(_command(_write_own_task_search(
+      tmp_path / 'own.py', 'eval.mae'), workdir), env=helpers.env_with())
+  assert run.wait() == 0, run.output[-3000:]
+  trials = _study(workdir, '').trials
+  assert [trial.state.name for trial in trials] == ['COMPLETE', 'COMPLETE']
+  for trial in trials:
+    assert sorted(trial.intermediate_values) == [8, 16]
+    results = helpers.read_results(workdir / f'trial-{trial.number:04d}')
+    assert trial.value == pytest.approx(results['eval']['mae'])
+  assert [row['state'] for row in _read_csv(workdir / 'results.csv')] == [
+      'COMPLETE', 'COMPLETE']
+  # A metric its eval results never hold: each trial fails at its first
+  # evaluation, with one line saying what they hold instead.
+  workdir = tmp_path / 'nope'
+  run = helpers.Watched(_command(_write_own_task_search(
+      tmp_path / 'nope.py', 'eval.nope'), workdir), env=helpers.env_with())
+  assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
+  trials = _study(workdir, '').trials
+  assert [trial.state.name for trial in trials] == ['FAIL', 'FAIL']
+  for trial in trials:
+    assert not trial.intermediate_values
+    log = workdir / f'trial-{trial.number:04d}' / 'log.txt'
+    why = (f"exit code 2: Sweep.metric 'eval.nope' is not in this trial's "
+           'eval results (it has: eval.mae, eval.mse); set Sweep.metric in '
+           f'the sweep file to one of those; log: {log}')
+    assert trial.user_attrs[study_lib.FAILURE] == why
+    assert run.output.count(f'trial-{trial.number:04d}: FAILED with {why}\n'
+                            ) == 1, run.output[-3000:]
+    assert 'Traceback' not in log.read_text()
+
+
+@pytest.mark.slow
+def test_a_two_worker_trial_reports_once_per_evaluation(tmp_path):
+  workdir = tmp_path / 'sweep'
+  run = helpers.Watched(_command(_write_own_task_search(
+      tmp_path / 'own.py', 'eval.mae', num_trials=1, num_workers=2), workdir),
+                        env=helpers.env_with())
+  assert run.wait() == 0, run.output[-3000:]
+  [trial] = _study(workdir, '').trials
+  assert trial.state.name == 'COMPLETE'
+  log = (workdir / 'trial-0000' / 'log.txt').read_text()
+  assert '-m ctl.launch --num_workers=2 --' in log
+  assert len(helpers.fingerprint(log)) == 2  # Both workers trained.
+  # Only the chief talked to the study: one report an evaluation.
+  assert sorted(trial.intermediate_values) == [8, 16]
+  assert len(re.findall(r'Reported eval mae \S+ at step \d+ ', log)) == 2, \
+      log[-3000:]
+  assert 'before this run resumed' not in log
