@@ -410,10 +410,28 @@ def finish_sweep_parent(trial_config: ml_collections.ConfigDict,
                     type(error).__name__, str(error)[:200])
 
 
+class _OnTheChief(actions.Action):
+  """The MlflowLogger's place on the other workers, never run there: every
+  worker's list of actions is the same, as the loop agrees a chief-only
+  action's requests on all of them (one collective each)."""
+
+  when = MlflowLogger.when
+
+  @property
+  def name(self) -> str:
+    return MlflowLogger.__name__
+
+  def run(self, event: actions.Event) -> None:
+    raise AssertionError('The MLflow logger runs on the chief only.')
+
+
 def from_config(config: ml_collections.ConfigDict, workdir: str,
                 is_chief: bool) -> list[actions.Action]:
-  """The chief's MlflowLogger when config.mlflow.tracking_uri is set."""
-  return [MlflowLogger(config, workdir)] if enabled(config) and is_chief else []
+  """The MlflowLogger when config.mlflow.tracking_uri is set (its place
+  holder on the workers other than the chief)."""
+  if not enabled(config):
+    return []
+  return [MlflowLogger(config, workdir) if is_chief else _OnTheChief()]
 
 
 def _absolute(path: str) -> str:

@@ -227,3 +227,21 @@ def test_an_unreachable_server_stops_the_run_before_training(tmp_path):
   assert f'MLflow tracking server http://127.0.0.1:{port} cannot be reached' in (
       run.stderr)
   assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.slow
+def test_two_workers_log_once_to_mlflow(server, tmp_path):
+  # The chief alone logs; every worker holds the action (the loop agrees a
+  # chief-only action's requests on all workers).
+  workdir = tmp_path / 'run'
+  codes = helpers.run_workers(
+      [*FLAGS, f'--config.mlflow.tracking_uri={server}',
+       '--config.mlflow.experiment=two_workers', f'--workdir={workdir}'],
+      helpers.cluster_envs(2), tmp_path)
+  logs = '\n'.join(path.read_text()[-3000:]
+                   for path in sorted(tmp_path.glob('worker*.log')))
+  assert codes == [0, 0], logs
+  client = tracking.MlflowClient(server)
+  run = _run_of(client, workdir)
+  assert run.info.status == 'FINISHED'
+  _assert_logged_once_as_in_csv(client, run.info.run_id, workdir)
