@@ -193,7 +193,9 @@ def _stragglers(workdir, workers, storage, workdir_lib) -> list[str]:
   check.update(dict(workers))
   return ['  stragglers: ' + (', '.join(
       f'worker {index} ({workers[index]["host"]}, pid '
-      f'{workers[index]["pid"]})' for index in sorted(check.stragglers))
+      f'{workers[index]["pid"]}, '
+      f'{stragglers.KINDS[check.stragglers[index]]})'
+      for index in sorted(check.stragglers))
                               or 'none')]
 
 

@@ -231,12 +231,14 @@ def test_the_peer_named_is_the_one_whose_status_stopped_or_lags():
   assert worker_status.stalled_peers({0: me, 1: _status(1)}, 0, now) == []
 
 
-def _reports(own_seconds, wall=1.0, first_step=4):
-  """Status reports, one per value of the worker's own seconds."""
+def _reports(own_seconds, wall=1.0, first_step=4, input_wait=None):
+  """Status reports, one per value of the worker's own seconds (and of its
+  input wait, if given)."""
+  input_wait = input_wait or [0.01] * len(own_seconds)
   return [{'step': first_step + 4 * index,
            'seconds': {'training': wall, 'training_cpu': own / 2,
-                       'stalled': own / 2}}
-          for index, own in enumerate(own_seconds)]
+                       'stalled': own / 2, 'input_wait': waited}}
+          for index, (own, waited) in enumerate(zip(own_seconds, input_wait))]
 
 
 def test_a_straggler_is_named_after_the_window_and_again_when_it_recovers():
@@ -268,3 +270,31 @@ def test_a_straggler_is_named_after_the_window_and_again_when_it_recovers():
   assert check.update({
       0: {**_status(0), 'reports': _reports([0.2] * 3)},
       1: {**_status(1), 'reports': _reports([0.9] * 3, first_step=8)}}) == []
+
+
+def test_a_straggler_waiting_for_its_input_is_named_input_bound():
+  check = stragglers.StragglerCheck('unused', 2, factor=1.5, reports=3)
+
+  def lines(input0, input1, own1=(0.2,) * 3):
+    return check.update({
+        0: {**_status(0), 'reports': _reports([0.2] * 3, input_wait=input0)},
+        1: {**_status(1), 'reports': _reports(list(own1),
+                                              input_wait=input1)}})
+
+  [named] = lines([0.01] * 3, [0.6] * 3)
+  assert named == ('Straggler: worker 1 (h, pid 101) is input-bound (its '
+                   'steps wait for its input pipeline): 1.80 s waiting for '
+                   'input in its steps over the last 3 reports, against '
+                   '0.03 s for the others. Every worker waits for it at each '
+                   'all-reduce.')
+  assert check.stragglers == {1: 'input'}
+  assert lines([0.01] * 3, [0.6, 0.01, 0.6]) == []  # Slow in one: not yet.
+  assert lines([0.01] * 3, [0.01] * 3) == [
+      'Worker 1 (h, pid 101) is no longer a straggler: 0.03 s waiting for '
+      'input in its steps over the last 3 reports, against 0.03 s for the '
+      'others.']
+  # Stopped half the time: some stops fall in its input reads, most in its
+  # work. Compute-bound.
+  [named] = lines([0.01] * 3, [0.3] * 3, own1=(0.9,) * 3)
+  assert ' is compute-bound (' in named, named
+  assert check.stragglers == {1: 'work'}
