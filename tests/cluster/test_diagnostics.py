@@ -23,6 +23,7 @@ from ctl.cluster import worker_status
 import helpers
 
 TIMEOUT_SECONDS = 15
+NOISY = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
 ARGS = (f'--config={helpers.DIGITS}', '--config.num_epochs=200',
         '--config.steps_per_loop=4', '--config.intervals.log_steps=4',
         f'--config.distribution.timeout_seconds={TIMEOUT_SECONDS}')
@@ -159,6 +160,32 @@ def test_a_worker_slowed_by_half_is_named_as_the_straggler_then_recovers(
     for worker in workers:
       if worker.process.poll() is None:
         worker.process.send_signal(signal.SIGCONT)
+      worker.kill()
+
+
+@pytest.mark.slow
+def test_a_worker_whose_input_pipeline_is_slow_is_named_input_bound(tmp_path):
+  # Worker 1 waits 20 ms for each batch from the first step; its steps do
+  # little else, so only its input wait tells it from worker 0.
+  workers = [helpers.Watched(helpers.ctl_command(
+      f'--config={NOISY}:SlowInputOnOneWorker',
+      '--config.num_epochs=1000', '--config.steps_per_loop=4',
+      '--config.intervals.log_steps=4', '--config.intervals.checkpoint_steps=0',
+      f'--workdir={tmp_path}'), env)
+             for env in helpers.cluster_envs(2, CTL_SLOW_INPUT_WORKER='1')]
+  chief = workers[0]
+  try:
+    named = chief.wait_for(r'Straggler: worker (\d+) \(\S+, pid (\d+)\) is '
+                           r'(\S+) \(.*: ([\d.]+) s waiting for input')
+    print(named.group(0))
+    assert named.groups()[:3] == ('1', str(workers[1].process.pid),
+                                  'input-bound')
+    assert 'Straggler: worker 0' not in chief.output
+    status = ctl_status(tmp_path)
+    assert re.search(r'stragglers: worker 1 \(\S+, pid \d+, input-bound\)',
+                     status.stdout), status.stdout
+  finally:
+    for worker in workers:
       worker.kill()
 
 
