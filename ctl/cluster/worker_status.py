@@ -121,15 +121,18 @@ class WorkerStatus:
   def __init__(self, workdir: str | None, *, worker_index: int = 0,
                num_workers: int = 1, timeout_seconds: float = 0.0,
                progress_age: Callable[[], float] = lambda: 0.0,
-               on_report: Callable[[], None] | None = None,
+               on_report=None,
                input_wait=None):
     """Args as named.
 
     Args:
       progress_age: seconds since this worker last made progress (the
         watchdog's seconds_since_progress).
-      on_report: called on the writer thread after each report's write
-        (the chief's straggler check, which reads the peers' files).
+      on_report: the chief's look at every worker's file, called on the
+        writer thread after each report's write (a
+        ctl.cluster.worker_timings.WorkerTimings: the straggler check, the
+        per-worker timings); its timings gathered so far go on each
+        report's event.
     """
     self.workdir = workdir
     self.path = (workdir_lib.worker_status_path(workdir, worker_index)
@@ -223,6 +226,8 @@ class WorkerStatus:
       self._seconds.clear()
       self._reported = True
     self._wake.set()
+    if self._on_report is not None:  # For metrics.csv, after this action.
+      event.worker_timings = self._on_report.take()
 
   def finish(self, state: str, reason: str | None, exit_code: int) -> None:
     """The run ended: its state, why, and the process's exit code; written

@@ -20,6 +20,7 @@ from ctl import errors
 from ctl import status as status_lib
 from ctl.cluster import stragglers
 from ctl.cluster import worker_status
+from ctl.cluster import worker_timings
 import helpers
 
 TIMEOUT_SECONDS = 15
@@ -171,7 +172,7 @@ def test_a_worker_whose_input_pipeline_is_slow_is_named_input_bound(tmp_path):
       f'--config={NOISY}:SlowInputOnOneWorker',
       '--config.num_epochs=1000', '--config.steps_per_loop=4',
       '--config.intervals.log_steps=4', '--config.intervals.checkpoint_steps=0',
-      f'--workdir={tmp_path}'), env)
+      '--config.log_csv=True', f'--workdir={tmp_path}'), env)
              for env in helpers.cluster_envs(2, CTL_SLOW_INPUT_WORKER='1')]
   chief = workers[0]
   try:
@@ -184,6 +185,27 @@ def test_a_worker_whose_input_pipeline_is_slow_is_named_input_bound(tmp_path):
     status = ctl_status(tmp_path)
     assert re.search(r'stragglers: worker 1 \(\S+, pid \d+, input-bound\)',
                      status.stdout), status.stdout
+    # Each worker's timings: in TensorBoard, and in metrics.csv with a later
+    # report, under the steps of their reports.
+    deadline = time.monotonic() + 120
+    while 'workers/1/input_wait_ms' not in (
+        (tmp_path / 'metrics.csv').read_text()
+        if (tmp_path / 'metrics.csv').exists() else ''):
+      assert chief.process.poll() is None, chief.output[-3000:]
+      assert time.monotonic() < deadline, 'no worker timings in metrics.csv'
+      time.sleep(0.05)
+    rows = _csv_values(tmp_path / 'metrics.csv')
+    scalars = helpers.read_scalars(tmp_path / 'train')
+    for index in (0, 1):
+      for name in ('loops_ms', 'work_ms', 'input_wait_ms', 'actions_ms'):
+        tag = f'workers/{index}/{name}'
+        written = dict(scalars[tag])  # In float32.
+        assert [written.get(step) for step, _ in rows[tag]] == pytest.approx(
+            [value for _, value in rows[tag]], rel=1e-6), tag
+    waited = {index: sum(value for _, value in
+                         scalars[f'workers/{index}/input_wait_ms'])
+              for index in (0, 1)}
+    assert waited[1] > 10 * waited[0], waited
   finally:
     for worker in workers:
       worker.kill()
@@ -217,6 +239,15 @@ def test_status_of_a_sigtermed_then_finished_run_and_of_no_run(tmp_path):
   nothing = ctl_status(tmp_path / 'nothing')
   assert nothing.returncode == errors.EXIT_USAGE
   assert nothing.stderr.startswith('ctl: error: No run in ')
+
+
+def _csv_values(path) -> dict[str, list[tuple[int, float]]]:
+  """{name: [(step, value), ...]} of metrics.csv."""
+  values = {}
+  for line in path.read_text().splitlines()[1:]:
+    step, name, value = line.split(',')
+    values.setdefault(name, []).append((int(step), float(value)))
+  return values
 
 
 def _status(index, *, step=40, age=1.0, progress_age=1.0, state='running',
@@ -325,3 +356,30 @@ def test_a_straggler_waiting_for_its_input_is_named_input_bound():
   [named] = lines([0.01] * 3, [0.3] * 3, own1=(0.9,) * 3)
   assert ' is compute-bound (' in named, named
   assert check.stragglers == {1: 'work'}
+
+
+def test_each_workers_timings_are_written_once_per_report_all_wrote():
+  timings = worker_timings.WorkerTimings('unused', 2, None)
+
+  def worker(index, steps, started=900.0, at=950.0):
+    return {**_status(index), 'started': started, 'reports': [
+        {'step': step, 'time': at + step, 'seconds': {
+            'training': 0.5, 'training_cpu': 0.2, 'stalled': 0.1,
+            'input_wait': 0.05 * index, 'checkpoint': 0.25, 'ctl.report': 0.001,
+            'worker-status': 0.002}} for step in steps]}
+
+  assert timings.update({0: worker(0, [4, 8]), 1: worker(1, [4])}) == {
+      4: {'workers/0/actions_ms': 3.0, 'workers/0/checkpoint_ms': 250.0,
+          'workers/0/input_wait_ms': 0.0, 'workers/0/loops_ms': 500.0,
+          'workers/0/work_ms': 300.0,
+          'workers/1/actions_ms': 3.0, 'workers/1/checkpoint_ms': 250.0,
+          'workers/1/input_wait_ms': 50.0, 'workers/1/loops_ms': 500.0,
+          'workers/1/work_ms': 300.0}}
+  # Step 4 once; step 8 once every worker wrote it.
+  assert list(timings.update({0: worker(0, [4, 8, 12]),
+                              1: worker(1, [4, 8])})) == [8]
+  # A peer's file of an earlier run (reports before the chief started).
+  assert timings.update({0: worker(0, [16], started=1000.0, at=1000.0),
+                         1: worker(1, [16])}) == {}
+  assert list(timings.update({0: worker(0, [16], started=1000.0, at=1000.0),
+                              1: worker(1, [16], at=1000.0)})) == [16]
