@@ -15,7 +15,8 @@ training thread) the chief reads every worker's file once, and
       workers/<i>/evaluate_ms     evaluating
       workers/<i>/actions_ms      every other action (the log line, ...)
 
-  to TensorBoard at once (the `train` run, under the report's step), and,
+  to TensorBoard at once (the `workers` run: workdir/workers/, beside the
+  status files; under the report's step), and,
   through the next report's event (`Event.worker_timings`), to metrics.csv
   (config.log_csv; under the report's step too).
 
@@ -78,7 +79,7 @@ class WorkerTimings:
       return
     if self._writer is None:
       self._writer = summaries.TensorBoardWriter(
-          workdir_lib.summary_dir(self._workdir, 'train'))
+          workdir_lib.workers_dir(self._workdir))
     for step, timings in new.items():
       self._writer.write(step, timings)
     with self._lock:

@@ -196,7 +196,7 @@ def test_a_worker_whose_input_pipeline_is_slow_is_named_input_bound(tmp_path):
       assert time.monotonic() < deadline, 'no worker timings in metrics.csv'
       time.sleep(0.05)
     rows = _csv_values(tmp_path / 'metrics.csv')
-    scalars = helpers.read_scalars(tmp_path / 'train')
+    scalars = helpers.read_scalars(tmp_path / 'workers')
     for index in (0, 1):
       for name in ('loops_ms', 'work_ms', 'input_wait_ms', 'actions_ms'):
         tag = f'workers/{index}/{name}'
