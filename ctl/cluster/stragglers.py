@@ -5,13 +5,14 @@ The all-reduce in every step makes each worker's loop as long as the
 slowest's, so a loop's wall time says nothing about which worker is slow.
 What differs is each worker's own time in its loops, in two parts:
 - its work: its process's CPU time, plus the time it was kept from running
-  at all (stopped, or starved of CPU: worker_status.StallMeter);
+  at all (stopped, or starved of CPU: the status file's StallMeter);
 - its input wait: its steps waiting for their batches, timed in the loop's
   graph (ctl/cluster/input_wait.py): a slow tf.data pipeline.
 A worker that waits for a slow peer in the all-reduce adds to neither.
 
 At each report the chief (on its status writer's thread, not the
-training thread) reads every worker's status file and compares, in each
+training thread: ctl/cluster/worker_timings.py, which logs the lines)
+reads every worker's status file and compares, in each
 of the last `reports` reports all of them wrote, each worker's work and
 its input wait to the others' (their median): a worker is slow in a
 report when either exceeds `factor` times the others' by more than a
@@ -24,10 +25,6 @@ machine does not name a worker.
 """
 
 import statistics
-
-from absl import logging
-
-from ctl.cluster import worker_status
 
 # A straggler must cost at least this share of the loops' wall time: on a
 # busy machine every worker is stalled now and then.
@@ -45,21 +42,13 @@ _BOUND = {'work': 'compute-bound (its own work in the steps: CPU time, and '
 
 
 class StragglerCheck:
-  """The chief's check after each report; logs a line on each change."""
+  """The chief's check after each report: a line on each change."""
 
-  def __init__(self, workdir: str, num_workers: int, factor: float,
-               reports: int):
-    self._workdir = workdir
-    self._num_workers = num_workers
+  def __init__(self, factor: float, reports: int):
     self._factor = factor
     self._reports = reports
     # {index: what it is slow at, 'work' or 'input' (KINDS)}
     self.stragglers: dict[int, str] = {}
-
-  def __call__(self) -> None:
-    statuses = worker_status.read_peers(self._workdir, self._num_workers)
-    for line in self.update(statuses):
-      logging.warning('%s', line)
 
   def update(self, statuses: dict[int, dict | None]) -> list[str]:
     """The lines to log for the workers that became or stopped being
@@ -134,13 +123,10 @@ def _others(index: int, own: dict[int, float]) -> float:
                            if other != index)
 
 
-def from_config(config, workdir: str, is_chief: bool,
-                num_workers: int) -> StragglerCheck | None:
-  """The chief's check, as config.diagnostics sets it; None for none (and
-  for a config without the section)."""
-  if (config is None or not is_chief or num_workers < 2 or
-      not config.straggler_factor):
+def from_config(config) -> StragglerCheck | None:
+  """The check as config.diagnostics sets it; None for none (and for a
+  config without the section)."""
+  if config is None or not config.straggler_factor:
     return None
-  return StragglerCheck(workdir, num_workers, config.straggler_factor,
-                        config.straggler_reports)
+  return StragglerCheck(config.straggler_factor, config.straggler_reports)
 

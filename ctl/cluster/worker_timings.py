@@ -120,5 +120,5 @@ def from_config(config, workdir: str, is_chief: bool,
   sets it; None on other workers and in a job of one."""
   if not is_chief or num_workers < 2:
     return None
-  return WorkerTimings(workdir, num_workers, stragglers_lib.from_config(
-      config, workdir, is_chief, num_workers))
+  return WorkerTimings(workdir, num_workers,
+                       stragglers_lib.from_config(config))

@@ -301,7 +301,7 @@ def _reports(own_seconds, wall=1.0, first_step=4, input_wait=None):
 
 
 def test_a_straggler_is_named_after_the_window_and_again_when_it_recovers():
-  check = stragglers.StragglerCheck('unused', 2, factor=1.5, reports=3)
+  check = stragglers.StragglerCheck(factor=1.5, reports=3)
 
   def lines(worker0, worker1):
     return check.update({
@@ -332,7 +332,7 @@ def test_a_straggler_is_named_after_the_window_and_again_when_it_recovers():
 
 
 def test_a_straggler_waiting_for_its_input_is_named_input_bound():
-  check = stragglers.StragglerCheck('unused', 2, factor=1.5, reports=3)
+  check = stragglers.StragglerCheck(factor=1.5, reports=3)
 
   def lines(input0, input1, own1=(0.2,) * 3):
     return check.update({
