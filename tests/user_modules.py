@@ -169,7 +169,7 @@ class ShufflesTwice(NoisyRegression):
 
 
 class SlowInputOnOneWorker(NoisyRegression):
-  """The worker whose index is in $CTL_SLOW_INPUT_WORKER waits 20 ms for
+  """The worker whose index is in $CTL_SLOW_INPUT_WORKER waits 50 ms for
   each batch of its pipeline (TensorFlow's testing `sleep` transformation,
   whose iterator saves); the others read theirs at full speed."""
 
@@ -180,7 +180,7 @@ class SlowInputOnOneWorker(NoisyRegression):
       return dataset
     # pylint: disable=g-import-not-at-top
     from tensorflow.python.data.experimental.ops import testing
-    return dataset.apply(testing.sleep(20_000))
+    return dataset.apply(testing.sleep(50_000))
 
 
 class ShadowsModels(NoisyRegression):
