@@ -45,7 +45,9 @@ class InputWait:
     return float(self._seconds.numpy())
 
 
-def make(num_workers: int) -> InputWait | None:
+def make(num_workers: int, deterministic: bool) -> InputWait | None:
   """The clock for a job of several workers (whose straggler check compares
-  them); None for one worker, whose steps then time nothing."""
-  return InputWait() if num_workers > 1 else None
+  them); None for one worker, whose steps then time nothing, and under op
+  determinism (config.deterministic), where TensorFlow refuses to run
+  `tf.timestamp` (FailedPreconditionError)."""
+  return InputWait() if num_workers > 1 and not deterministic else None

@@ -81,7 +81,8 @@ def train_and_evaluate(
       on_report=worker_timings.from_config(config.get('diagnostics'),
                                            workdir, task_info.is_chief,
                                            task_info.num_workers),
-      input_wait=input_wait.make(task_info.num_workers))
+      input_wait=input_wait.make(task_info.num_workers,
+                                 config.deterministic))
   dumps = []  # The watchdog's, written while the stuck thread still waits.
   watchdog.on_abort = lambda: dumps.append(diagnostics.write(
       status, f'no progress for distribution.timeout_seconds='
