@@ -107,6 +107,11 @@ class Event:
     task: the ctl.Task.
     workdir: the run's workdir.
     is_chief: whether this process writes the workdir.
+    worker_timings: on the chief of a job of several workers, after the
+      log line: each worker's phase timings of the reports since the
+      previous log line that every worker's status file holds
+      ({step: {'workers/<i>/<phase>_ms': milliseconds}},
+      ctl/cluster/worker_timings.py); else empty.
   """
 
   def __init__(self, *, step: int, steps_per_epoch: int, total_steps: int,
@@ -128,6 +133,7 @@ class Event:
     self.logged = False
     self.evaluated = False
     self.requests: dict[str, str] = {}  # {request: reason}
+    self.worker_timings: dict[int, dict[str, float]] = {}
 
   @property
   def end(self) -> bool:

@@ -168,10 +168,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Seeing into a multi-worker job (README, "Diagnosing a multi-worker
   # job"). At each report the chief names a worker whose own work in the
-  # steps (CPU time and the time it was kept from running) exceeds
-  # straggler_factor times the other workers', over the last
-  # straggler_reports reports, and names it again when it recovers.
-  # 0 straggler_factor: no check.
+  # steps (CPU time and the time it was kept from running) or whose wait
+  # for its input exceeds straggler_factor times the other workers', over
+  # the last straggler_reports reports, as compute-bound or input-bound,
+  # and names it again when it recovers. 0 straggler_factor: no check.
   config.diagnostics = ml_collections.ConfigDict()
   config.diagnostics.straggler_factor = 1.5
   config.diagnostics.straggler_reports = 3

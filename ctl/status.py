@@ -187,13 +187,14 @@ def _stragglers(workdir, workers, storage, workdir_lib) -> list[str]:
     return []
   config = storage.read_json(storage.join(workdir, workdir_lib.CONFIG_FILE))
   section = (config or {}).get('diagnostics') or {}
-  check = stragglers.StragglerCheck(
-      workdir, len(workers), section.get('straggler_factor') or 1.5,
-      section.get('straggler_reports') or 3)
+  check = stragglers.StragglerCheck(section.get('straggler_factor') or 1.5,
+                                    section.get('straggler_reports') or 3)
   check.update(dict(workers))
   return ['  stragglers: ' + (', '.join(
       f'worker {index} ({workers[index]["host"]}, pid '
-      f'{workers[index]["pid"]})' for index in sorted(check.stragglers))
+      f'{workers[index]["pid"]}, '
+      f'{stragglers.KINDS[check.stragglers[index]]})'
+      for index in sorted(check.stragglers))
                               or 'none')]
 
 

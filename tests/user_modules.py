@@ -168,6 +168,21 @@ class ShufflesTwice(NoisyRegression):
         batch, drop_remainder=True)
 
 
+class SlowInputOnOneWorker(NoisyRegression):
+  """The worker whose index is in $CTL_SLOW_INPUT_WORKER waits 50 ms for
+  each batch of its pipeline (TensorFlow's testing `sleep` transformation,
+  whose iterator saves); the others read theirs at full speed."""
+
+  def train_data(self, context):
+    dataset = super().train_data(context)
+    if str(context.input_pipeline_id) != os.environ.get(
+        'CTL_SLOW_INPUT_WORKER'):
+      return dataset
+    # pylint: disable=g-import-not-at-top
+    from tensorflow.python.data.experimental.ops import testing
+    return dataset.apply(testing.sleep(50_000))
+
+
 class ShadowsModels(NoisyRegression):
   """Names an attribute `models`, which hides ctl.Task.models()."""
 

@@ -1,48 +1,54 @@
-"""The straggler line: the chief names a worker that holds the others up.
+"""The straggler line: the chief names a worker that holds the others up,
+and what it is slow at.
 
 The all-reduce in every step makes each worker's loop as long as the
 slowest's, so a loop's wall time says nothing about which worker is slow.
-What differs is each worker's own work in its loops: its process's CPU
-time, plus the time it was kept from running at all (stopped, or starved
-of CPU: worker_status.StallMeter). A worker that waits for a slow peer
-adds neither. Input read inside the loop's graph (a task's tf.data
-pipeline) counts as the step's own work: ctl cannot tell it apart there.
+What differs is each worker's own time in its loops, in two parts:
+- its work: its process's CPU time, plus the time it was kept from running
+  at all (stopped, or starved of CPU: the status file's StallMeter);
+- its input wait: its steps waiting for their batches, timed in the loop's
+  graph (ctl/cluster/input_wait.py): a slow tf.data pipeline.
+A worker that waits for a slow peer in the all-reduce adds to neither.
 
 At each report the chief (on its status writer's thread, not the
-training thread) reads every worker's status file and compares their own
-work in each of the last `reports` reports all of them wrote: a worker
-whose work exceeds `factor` times the others' (their median), by more
-than a fifth of the loops' wall time, in every one of them is named once;
-it is named again when it recovers (slow in none of them). One stall of
-a busy machine does not name a worker.
+training thread: ctl/cluster/worker_timings.py, which logs the lines)
+reads every worker's status file and compares, in each
+of the last `reports` reports all of them wrote, each worker's work and
+its input wait to the others' (their median): a worker is slow in a
+report when either exceeds `factor` times the others' by more than a
+fifth of the loops' wall time. A worker slow in every report of the
+window is named once: input-bound when its input wait was slow in each of
+them and makes up at least half of its excess work (a stopped worker's
+stops fall partly in its input reads too), else compute-bound. It is
+named again when it recovers (slow in none of them). One stall of a busy
+machine does not name a worker.
 """
 
 import statistics
-
-from absl import logging
-
-from ctl.cluster import worker_status
 
 # A straggler must cost at least this share of the loops' wall time: on a
 # busy machine every worker is stalled now and then.
 _MIN_SHARE_OF_WALL = 0.2
 
+# The parts of a worker's own time compared, what each counts, and what a
+# straggler slow at it is.
+_PARTS = ('work', 'input')
+_WHAT = {'work': 'of CPU and stalls in its loops',
+         'input': 'waiting for input in its steps'}
+KINDS = {'work': 'compute-bound', 'input': 'input-bound'}
+_BOUND = {'work': 'compute-bound (its own work in the steps: CPU time, and '
+                  'time it was kept from running)',
+          'input': 'input-bound (its steps wait for its input pipeline)'}
+
 
 class StragglerCheck:
-  """The chief's check after each report; logs a line on each change."""
+  """The chief's check after each report: a line on each change."""
 
-  def __init__(self, workdir: str, num_workers: int, factor: float,
-               reports: int):
-    self._workdir = workdir
-    self._num_workers = num_workers
+  def __init__(self, factor: float, reports: int):
     self._factor = factor
     self._reports = reports
-    self.stragglers: set[int] = set()
-
-  def __call__(self) -> None:
-    statuses = worker_status.read_peers(self._workdir, self._num_workers)
-    for line in self.update(statuses):
-      logging.warning('%s', line)
+    # {index: what it is slow at, 'work' or 'input' (KINDS)}
+    self.stragglers: dict[int, str] = {}
 
   def update(self, statuses: dict[int, dict | None]) -> list[str]:
     """The lines to log for the workers that became or stopped being
@@ -52,36 +58,46 @@ class StragglerCheck:
       return []
     lines = []
     for index in sorted(statuses):
-      slow = [self._slow(index, own, wall) for own, wall in window]
-      mine = sum(own[index] for own, _ in window)
-      others = sum(_others(index, own) for own, _ in window)
+      slow = {part: [self._slow(index, times[part], wall)
+                     for times, wall in window] for part in _PARTS}
+      excess = {part: sum(times[part][index] - _others(index, times[part])
+                          for times, _ in window) for part in _PARTS}
       status = statuses[index]
       who = f'worker {index} ({status["host"]}, pid {status["pid"]})'
-      numbers = (f'{mine:.2f} s of CPU and stalls in its loops over the '
-                 f'last {self._reports} reports, against {others:.2f} s for '
-                 'the others')
-      if all(slow) and index not in self.stragglers:
-        self.stragglers.add(index)
-        lines.append(
-            f'Straggler: {who} is compute-bound (its own work in the steps, '
-            f'input read in the step included): {numbers}. Every worker '
-            'waits for it at each all-reduce.')
-      elif not any(slow) and index in self.stragglers:
-        self.stragglers.discard(index)
+      if (all(map(any, zip(*slow.values()))) and
+          index not in self.stragglers):
+        kind = ('input' if all(slow['input']) and
+                2 * excess['input'] >= excess['work'] else 'work')
+        self.stragglers[index] = kind
+        lines.append(f'Straggler: {who} is {_BOUND[kind]}: '
+                     f'{self._numbers(index, kind, window)}. Every worker '
+                     'waits for it at each all-reduce.')
+      elif (not any(map(any, zip(*slow.values()))) and
+            index in self.stragglers):
+        kind = self.stragglers.pop(index)
         lines.append(f'{who.capitalize()} is no longer a straggler: '
-                     f'{numbers}.')
+                     f'{self._numbers(index, kind, window)}.')
     return lines
 
+  def _numbers(self, index: int, part: str, window) -> str:
+    """A worker's seconds of one part over the window, and the others'."""
+    mine = sum(times[part][index] for times, _ in window)
+    others = sum(_others(index, times[part]) for times, _ in window)
+    return (f'{mine:.2f} s {_WHAT[part]} over the last {self._reports} '
+            f'reports, against {others:.2f} s for the others')
+
   def _slow(self, index: int, own: dict[int, float], wall: float) -> bool:
-    """Whether a worker held the others up in one report."""
+    """Whether a worker's seconds (of one part) held the others up in one
+    report."""
     others = _others(index, own)
     return (own[index] > self._factor * others and
             own[index] - others > _MIN_SHARE_OF_WALL * wall)
 
-  def _window(self, statuses) -> list[tuple[dict[int, float], float]] | None:
-    """For each of the last reports every worker wrote: each worker's own
-    seconds, and the loops' wall time (the chief's); None before there
-    are enough."""
+  def _window(self, statuses) -> list[tuple[dict[str, dict[int, float]],
+                                            float]] | None:
+    """For each of the last reports every worker wrote: each part's seconds
+    of each worker ({'work': {index: s}, 'input': ...}), and the loops'
+    wall time (the chief's); None before there are enough."""
     if any(status is None for status in statuses.values()):
       return None
     by_step = {index: {report['step']: report['seconds']
@@ -93,9 +109,11 @@ class StragglerCheck:
     if len(steps) < self._reports:
       return None
     chief = by_step[min(by_step)]
-    return [({index: reports[step].get('training_cpu', 0.0) +
-                     reports[step].get('stalled', 0.0)
-              for index, reports in by_step.items()},
+    return [({'work': {index: reports[step].get('training_cpu', 0.0) +
+                              reports[step].get('stalled', 0.0)
+                       for index, reports in by_step.items()},
+              'input': {index: reports[step].get('input_wait', 0.0)
+                        for index, reports in by_step.items()}},
              chief[step].get('training', 0.0)) for step in steps]
 
 
@@ -105,13 +123,10 @@ def _others(index: int, own: dict[int, float]) -> float:
                            if other != index)
 
 
-def from_config(config, workdir: str, is_chief: bool,
-                num_workers: int) -> StragglerCheck | None:
-  """The chief's check, as config.diagnostics sets it; None for none (and
-  for a config without the section)."""
-  if (config is None or not is_chief or num_workers < 2 or
-      not config.straggler_factor):
+def from_config(config) -> StragglerCheck | None:
+  """The check as config.diagnostics sets it; None for none (and for a
+  config without the section)."""
+  if config is None or not config.straggler_factor:
     return None
-  return StragglerCheck(workdir, num_workers, config.straggler_factor,
-                        config.straggler_reports)
+  return StragglerCheck(config.straggler_factor, config.straggler_reports)
 

@@ -18,6 +18,13 @@ slow store never slows a step, and a worker hung inside a collective still
 rewrites its file: `time` stays fresh while `progress_time` (the
 watchdog's last step or beat) ages. A stopped or dead worker's file stops
 changing altogether.
+
+Each report holds the seconds this worker spent since the previous one in
+each phase: 'training' (its loops of steps, wall time), 'training_cpu'
+(the process's CPU time in them), 'stalled' (kept from running:
+StallMeter), 'input_wait' (its steps waiting for their batches, timed in
+the loop's graph: ctl/cluster/input_wait.py, in jobs of several workers),
+and each action by its name ('checkpoint', 'evaluate', ...).
 """
 
 from collections.abc import Callable
@@ -114,14 +121,18 @@ class WorkerStatus:
   def __init__(self, workdir: str | None, *, worker_index: int = 0,
                num_workers: int = 1, timeout_seconds: float = 0.0,
                progress_age: Callable[[], float] = lambda: 0.0,
-               on_report: Callable[[], None] | None = None):
+               on_report=None,
+               input_wait=None):
     """Args as named.
 
     Args:
       progress_age: seconds since this worker last made progress (the
         watchdog's seconds_since_progress).
-      on_report: called on the writer thread after each report's write
-        (the chief's straggler check, which reads the peers' files).
+      on_report: the chief's look at every worker's file, called on the
+        writer thread after each report's write (a
+        ctl.cluster.worker_timings.WorkerTimings: the straggler check, the
+        per-worker timings); its timings gathered so far go on each
+        report's event.
     """
     self.workdir = workdir
     self.path = (workdir_lib.worker_status_path(workdir, worker_index)
@@ -142,6 +153,8 @@ class WorkerStatus:
     }
     self._seconds = collections.defaultdict(float)  # Since the last report.
     self._reports = collections.deque(maxlen=REPORTS_KEPT)
+    self.input_wait = input_wait
+    self._input_wait_before = 0.0  # Its seconds at the last report.
     self._lock = threading.Lock()
     self._wake = threading.Event()
     self._ended = threading.Event()
@@ -194,11 +207,17 @@ class WorkerStatus:
     """The `worker-status` action: this report's timings, written."""
     logs = event.train_logs or {}
     stalled = self._stalls.seconds() if self._stalls else 0.0
+    # A read of a local variable between loops: about 20 microseconds.
+    input_wait = (self.input_wait.seconds()
+                  if self.input_wait is not None else None)
     with self._lock:
       # All of it, not only the loops': a worker stopped between its loops
       # holds the others up in their next loop's all-reduce.
       self._seconds['stalled'] = stalled - self._stalled_before
       self._stalled_before = stalled
+      if input_wait is not None:
+        self._seconds['input_wait'] = input_wait - self._input_wait_before
+        self._input_wait_before = input_wait
       self._reports.append({
           'step': event.step, 'time': time.time(),
           'steps_per_second': logs.get('steps_per_second'),
@@ -207,6 +226,8 @@ class WorkerStatus:
       self._seconds.clear()
       self._reported = True
     self._wake.set()
+    if self._on_report is not None:  # For metrics.csv, after this action.
+      event.worker_timings = self._on_report.take()
 
   def finish(self, state: str, reason: str | None, exit_code: int) -> None:
     """The run ended: its state, why, and the process's exit code; written

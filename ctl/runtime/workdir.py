@@ -13,6 +13,8 @@
     workdir/mlflow_pending.jsonl   values MLflow has not acknowledged yet
     workdir/workers/worker-<i>.json   each worker's status, written by that
                                worker (ctl/cluster/worker_status.py)
+    workdir/workers/events.out.tfevents.*   each worker's timings of each
+                               report, the chief's (cluster/worker_timings.py)
     workdir/diagnostics/worker-<i>-<pid>.txt   a worker's stacks and what it
                                knew of its peers (on a hang, or SIGUSR1)
 
@@ -92,7 +94,9 @@ def mlflow_pending_path(workdir: str) -> str:
 
 
 def workers_dir(workdir: str) -> str:
-  """Each worker's status file (ctl/cluster/worker_status.py)."""
+  """Each worker's status file (ctl/cluster/worker_status.py), and the
+  chief's TensorBoard events of every worker's timings (its `workers`
+  run: ctl/cluster/worker_timings.py)."""
   return os.path.join(workdir, 'workers')
 
 

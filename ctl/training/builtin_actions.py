@@ -165,6 +165,8 @@ class CsvLogger(actions.Action):
       step,name,value
       100,train/loss,0.512
       100,eval/accuracy,0.93        (eval/<set>/<metric> for several sets)
+      96,workers/1/input_wait_ms,12.5   (several workers: the chief's
+                                          ctl/cluster/worker_timings.py)
 
   `pandas.read_csv(path).pivot(index='step', columns='name')` gives a
   table. The chief writes it after each log line and evaluation. Its row
@@ -186,6 +188,10 @@ class CsvLogger(actions.Action):
       rows += [(event.step, f'train/{name}', value)
                for name, value in event.train_logs.items()
                if isinstance(value, (int, float))]
+      # Each worker's timings, under the steps of their reports (earlier).
+      rows += [(step, name, value)
+               for step, timings in event.worker_timings.items()
+               for name, value in timings.items()]
     if event.evaluated and self._written[1] != event.step:
       rows += [(event.step, f'eval/{name}', value) for name, value in
                best_lib.flat_metrics(event.eval_results).items()]

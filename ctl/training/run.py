@@ -15,9 +15,10 @@ from ctl import errors
 from ctl import builtin_tasks
 from ctl.cluster import diagnostics
 from ctl.cluster import distribution
-from ctl.cluster import stragglers
+from ctl.cluster import input_wait
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
+from ctl.cluster import worker_timings
 from ctl.runtime import preemption
 from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
@@ -77,9 +78,11 @@ def train_and_evaluate(
       workdir, worker_index=task_info.worker_index,
       num_workers=task_info.num_workers, timeout_seconds=timeout_seconds,
       progress_age=watchdog.seconds_since_progress,
-      on_report=stragglers.from_config(config.get('diagnostics'), workdir,
-                                       task_info.is_chief,
-                                       task_info.num_workers))
+      on_report=worker_timings.from_config(config.get('diagnostics'),
+                                           workdir, task_info.is_chief,
+                                           task_info.num_workers),
+      input_wait=input_wait.make(task_info.num_workers,
+                                 config.deterministic))
   dumps = []  # The watchdog's, written while the stuck thread still waits.
   watchdog.on_abort = lambda: dumps.append(diagnostics.write(
       status, f'no progress for distribution.timeout_seconds='

@@ -22,6 +22,7 @@ import tensorflow as tf
 from ctl import errors
 from ctl import task as task_lib
 from ctl.cluster import distribution
+from ctl.cluster import input_wait as input_wait_lib
 from ctl.data import inputs
 from ctl.runtime import tf_internals
 from ctl.training import metric_reading
@@ -44,7 +45,8 @@ class StepRunner:
                summary_steps: int = 0, autograph: bool = True,
                accumulate_steps: int = 1,
                train_metrics: metric_reading.MetricReader | None = None,
-               steps_done: tf.Variable | None = None):
+               steps_done: tf.Variable | None = None,
+               input_wait: input_wait_lib.InputWait | None = None):
     """Args as named.
 
     Args:
@@ -58,6 +60,8 @@ class StepRunner:
         asked (`train_loop`'s read_metrics).
       steps_done: an int64 variable to count each step in, as it is done
         (the watchdog's progress, ctl/cluster/watchdog.py).
+      input_wait: times each read of the input (the status file's
+        input_wait); not with jit_compile 'loop' (XLA has no clock op).
     """
     self._strategy = strategy
     self._task = task
@@ -73,6 +77,9 @@ class StepRunner:
     self._local_replicas = distribution.local_replicas(strategy)
     self._train_metrics = train_metrics or metric_reading.MetricReader([])
     self._steps_done = steps_done
+    self._read_input = (input_wait.timed
+                        if input_wait is not None and jit_compile != 'loop' else
+                        lambda read: read())
     # The step, traced once and called by every trace of the loop (one with
     # the metrics' read, one without).
     self._step_function = tf.function(self._run_step, autograph=False)
@@ -142,7 +149,8 @@ class StepRunner:
 
   def _train_loop(self, iterator, num_steps: tf.Tensor, requests: tf.Tensor,
                   read_metrics: bool) -> dict[str, Any]:
-    loop_data = self._input.loop_data(iterator, num_steps)
+    loop_data = self._read_input(
+        lambda: self._input.loop_data(iterator, num_steps))
     sums = self._run_steps(loop_data, num_steps)
     self._state.advance(num_steps, self._steps_per_epoch)
     # One all-reduce for both, in one dtype (a collective takes one): each
@@ -195,7 +203,8 @@ class StepRunner:
 
   def _run_step(self, loop_data, step_in_loop, first_step) -> dict:
     """One step on every replica; this worker's weighted log sums."""
-    batches = self._input.batches(loop_data, step_in_loop)
+    batches = self._read_input(
+        lambda: self._input.batches(loop_data, step_in_loop))
     step = first_step + tf.cast(step_in_loop, tf.int64)
     with self._summaries_due(step):
       outputs = self._strategy.run(self._step_on_batch, args=(batches, step))

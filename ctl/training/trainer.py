@@ -210,7 +210,8 @@ class Trainer:
         summary_steps=self.config.intervals.summary_steps,
         autograph=self.config.autograph,
         accumulate_steps=self.config.accumulate_steps,
-        train_metrics=train_metrics, steps_done=self.watchdog.steps)
+        train_metrics=train_metrics, steps_done=self.watchdog.steps,
+        input_wait=self.status.input_wait)
 
   def train(self) -> loop_lib.Stopped | None:
     """Trains to the last step, or until an action stops training.

@@ -20,9 +20,11 @@ from ctl import errors
 from ctl import status as status_lib
 from ctl.cluster import stragglers
 from ctl.cluster import worker_status
+from ctl.cluster import worker_timings
 import helpers
 
 TIMEOUT_SECONDS = 15
+NOISY = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
 ARGS = (f'--config={helpers.DIGITS}', '--config.num_epochs=200',
         '--config.steps_per_loop=4', '--config.intervals.log_steps=4',
         f'--config.distribution.timeout_seconds={TIMEOUT_SECONDS}')
@@ -163,6 +165,61 @@ def test_a_worker_slowed_by_half_is_named_as_the_straggler_then_recovers(
 
 
 @pytest.mark.slow
+def test_a_worker_whose_input_pipeline_is_slow_is_named_input_bound(tmp_path):
+  # Of 3 workers, worker 1 waits 50 ms for each batch from the first step;
+  # its steps do little else, so only its input wait tells it from the
+  # others, and neither of them is named.
+  workers = [helpers.Watched(helpers.ctl_command(
+      f'--config={NOISY}:SlowInputOnOneWorker', '--config.batch_size=48',
+      '--config.num_epochs=1000', '--config.steps_per_loop=4',
+      '--config.intervals.log_steps=4', '--config.intervals.checkpoint_steps=0',
+      '--config.log_csv=True', f'--workdir={tmp_path}'), env)
+             for env in helpers.cluster_envs(3, CTL_SLOW_INPUT_WORKER='1')]
+  chief = workers[0]
+  try:
+    named = chief.wait_for(r'Straggler: worker (\d+) \(\S+, pid (\d+)\) is '
+                           r'(\S+) \(.*: ([\d.]+) s waiting for input')
+    print(next(line for line in chief.output.splitlines()
+               if 'Straggler:' in line))
+    assert named.groups()[:3] == ('1', str(workers[1].process.pid),
+                                  'input-bound')
+    assert 'Straggler: worker 0' not in chief.output
+    assert 'Straggler: worker 2' not in chief.output
+    # ctl.status judges the last reports afresh, where the chief's line
+    # stays until a window without a slow report: a report in which the
+    # machine was busier (a loop longer than 5 times worker 1's wait, e.g.
+    # while ctl.status itself starts) can make a window show none.
+    deadline = time.monotonic() + 120
+    while not re.search(r'stragglers: worker 1 \(\S+, pid \d+, input-bound\)',
+                        (status := ctl_status(tmp_path)).stdout):
+      assert time.monotonic() < deadline, status.stdout
+    # Each worker's timings: in TensorBoard, and in metrics.csv with a later
+    # report, under the steps of their reports.
+    deadline = time.monotonic() + 120
+    while 'workers/1/input_wait_ms' not in (
+        (tmp_path / 'metrics.csv').read_text()
+        if (tmp_path / 'metrics.csv').exists() else ''):
+      assert chief.process.poll() is None, chief.output[-3000:]
+      assert time.monotonic() < deadline, 'no worker timings in metrics.csv'
+      time.sleep(0.05)
+    rows = _csv_values(tmp_path / 'metrics.csv')
+    scalars = helpers.read_scalars(tmp_path / 'workers')
+    for index in (0, 1, 2):
+      for name in ('loops_ms', 'work_ms', 'input_wait_ms', 'actions_ms'):
+        tag = f'workers/{index}/{name}'
+        written = dict(scalars[tag])  # In float32.
+        assert [written.get(step) for step, _ in rows[tag]] == pytest.approx(
+            [value for _, value in rows[tag]], rel=1e-6), tag
+    waited = {index: sum(value for _, value in
+                         scalars[f'workers/{index}/input_wait_ms'])
+              for index in (0, 1, 2)}
+    assert waited[1] > 10 * max(waited[0], waited[2]), waited
+  finally:
+    for worker in workers:
+      worker.kill()
+
+
+@pytest.mark.slow
 def test_status_of_a_sigtermed_then_finished_run_and_of_no_run(tmp_path):
   args = (f'--config={helpers.DIGITS}', '--config.num_epochs=2',
           '--config.intervals.log_steps=4', '--config.steps_per_loop=4')
@@ -190,6 +247,15 @@ def test_status_of_a_sigtermed_then_finished_run_and_of_no_run(tmp_path):
   nothing = ctl_status(tmp_path / 'nothing')
   assert nothing.returncode == errors.EXIT_USAGE
   assert nothing.stderr.startswith('ctl: error: No run in ')
+
+
+def _csv_values(path) -> dict[str, list[tuple[int, float]]]:
+  """{name: [(step, value), ...]} of metrics.csv."""
+  values = {}
+  for line in path.read_text().splitlines()[1:]:
+    step, name, value = line.split(',')
+    values.setdefault(name, []).append((int(step), float(value)))
+  return values
 
 
 def _status(index, *, step=40, age=1.0, progress_age=1.0, state='running',
@@ -231,16 +297,18 @@ def test_the_peer_named_is_the_one_whose_status_stopped_or_lags():
   assert worker_status.stalled_peers({0: me, 1: _status(1)}, 0, now) == []
 
 
-def _reports(own_seconds, wall=1.0, first_step=4):
-  """Status reports, one per value of the worker's own seconds."""
+def _reports(own_seconds, wall=1.0, first_step=4, input_wait=None):
+  """Status reports, one per value of the worker's own seconds (and of its
+  input wait, if given)."""
+  input_wait = input_wait or [0.01] * len(own_seconds)
   return [{'step': first_step + 4 * index,
            'seconds': {'training': wall, 'training_cpu': own / 2,
-                       'stalled': own / 2}}
-          for index, own in enumerate(own_seconds)]
+                       'stalled': own / 2, 'input_wait': waited}}
+          for index, (own, waited) in enumerate(zip(own_seconds, input_wait))]
 
 
 def test_a_straggler_is_named_after_the_window_and_again_when_it_recovers():
-  check = stragglers.StragglerCheck('unused', 2, factor=1.5, reports=3)
+  check = stragglers.StragglerCheck(factor=1.5, reports=3)
 
   def lines(worker0, worker1):
     return check.update({
@@ -268,3 +336,58 @@ def test_a_straggler_is_named_after_the_window_and_again_when_it_recovers():
   assert check.update({
       0: {**_status(0), 'reports': _reports([0.2] * 3)},
       1: {**_status(1), 'reports': _reports([0.9] * 3, first_step=8)}}) == []
+
+
+def test_a_straggler_waiting_for_its_input_is_named_input_bound():
+  check = stragglers.StragglerCheck(factor=1.5, reports=3)
+
+  def lines(input0, input1, own1=(0.2,) * 3):
+    return check.update({
+        0: {**_status(0), 'reports': _reports([0.2] * 3, input_wait=input0)},
+        1: {**_status(1), 'reports': _reports(list(own1),
+                                              input_wait=input1)}})
+
+  [named] = lines([0.01] * 3, [0.6] * 3)
+  assert named == ('Straggler: worker 1 (h, pid 101) is input-bound (its '
+                   'steps wait for its input pipeline): 1.80 s waiting for '
+                   'input in its steps over the last 3 reports, against '
+                   '0.03 s for the others. Every worker waits for it at each '
+                   'all-reduce.')
+  assert check.stragglers == {1: 'input'}
+  assert lines([0.01] * 3, [0.6, 0.01, 0.6]) == []  # Slow in one: not yet.
+  assert lines([0.01] * 3, [0.01] * 3) == [
+      'Worker 1 (h, pid 101) is no longer a straggler: 0.03 s waiting for '
+      'input in its steps over the last 3 reports, against 0.03 s for the '
+      'others.']
+  # Stopped half the time: some stops fall in its input reads, most in its
+  # work. Compute-bound.
+  [named] = lines([0.01] * 3, [0.3] * 3, own1=(0.9,) * 3)
+  assert ' is compute-bound (' in named, named
+  assert check.stragglers == {1: 'work'}
+
+
+def test_each_workers_timings_are_written_once_per_report_all_wrote():
+  timings = worker_timings.WorkerTimings('unused', 2, None)
+
+  def worker(index, steps, started=900.0, at=950.0):
+    return {**_status(index), 'started': started, 'reports': [
+        {'step': step, 'time': at + step, 'seconds': {
+            'training': 0.5, 'training_cpu': 0.2, 'stalled': 0.1,
+            'input_wait': 0.05 * index, 'checkpoint': 0.25, 'ctl.report': 0.001,
+            'worker-status': 0.002}} for step in steps]}
+
+  assert timings.update({0: worker(0, [4, 8]), 1: worker(1, [4])}) == {
+      4: {'workers/0/actions_ms': 3.0, 'workers/0/checkpoint_ms': 250.0,
+          'workers/0/input_wait_ms': 0.0, 'workers/0/loops_ms': 500.0,
+          'workers/0/work_ms': 300.0,
+          'workers/1/actions_ms': 3.0, 'workers/1/checkpoint_ms': 250.0,
+          'workers/1/input_wait_ms': 50.0, 'workers/1/loops_ms': 500.0,
+          'workers/1/work_ms': 300.0}}
+  # Step 4 once; step 8 once every worker wrote it.
+  assert list(timings.update({0: worker(0, [4, 8, 12]),
+                              1: worker(1, [4, 8])})) == [8]
+  # A peer's file of an earlier run (reports before the chief started).
+  assert timings.update({0: worker(0, [16], started=1000.0, at=1000.0),
+                         1: worker(1, [16])}) == {}
+  assert list(timings.update({0: worker(0, [16], started=1000.0, at=1000.0),
+                              1: worker(1, [16], at=1000.0)})) == [16]
