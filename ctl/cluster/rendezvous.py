@@ -93,40 +93,25 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
   if not peers:
     return True
   started = time.monotonic()
-  deadline = started + (timeout_seconds or math.inf)
   next_report = started + _REPORT_SECONDS
-  heard = dict.fromkeys(peers, (greetings.Heard.NOTHING, 'not probed yet'))
-  refusals = dict.fromkeys(peers, 0)  # In a row, since it answered.
-  # Of the peers that answered: the ones whose latest probe found silence.
-  silent = set()
-  unresolved_since = {}  # {peer: (since when, the resolver's reason)}
+  heard, refusals, silent, unresolved_since = _nothing_found_yet(peers)
   with greetings.Listener(cluster) as listener:
     try:
       while True:
-        for peer in peers:
-          if should_stop():
-            greetings.tell_leaving(cluster, heard)
-            return False
-          _probe_again(cluster, peer, heard, refusals, silent,
-                       unresolved_since)
+        if not _probe_all(cluster, should_stop, heard, refusals, silent,
+                          unresolved_since):
+          greetings.tell_leaving(cluster, heard)
+          return False
         heard_from = listener.heard_from()
         _check_peers(cluster, listener.left(), refusals, heard_from,
                      unresolved_since, unresolved_seconds,
                      lambda gone: _missing(cluster, heard, heard_from, silent,
                                            besides=gone))
-        if (all(found is greetings.Heard.PEER
-                for found, _ in heard.values()) and
-            heard_from >= set(peers)):
+        if _all_there(peers, heard, heard_from):
           return True
-        missing = _missing(cluster, heard, heard_from, silent)
-        now = time.monotonic()
-        if now >= deadline:
-          raise _did_not_form(cluster, timeout_seconds, missing)
-        if now >= next_report:
-          logging.info('Still waiting for the cluster after %.0f s: %s.',
-                       now - started, missing)
-          next_report = now + _REPORT_SECONDS
-        time.sleep(_ROUND_SECONDS)
+        next_report = _wait_a_round(
+            cluster, timeout_seconds, started, next_report,
+            _missing(cluster, heard, heard_from, silent))
     except _Unresolved as error:
       # The peers are told which name does not resolve, so that they exit 2
       # too rather than 43 (a task gone), which slurm.sbatch requeues.
@@ -136,6 +121,59 @@ def wait_for_peers(cluster: Cluster, timeout_seconds: float,
       # Leaving (a failure, Ctrl-C): the peers need not wait for this task.
       greetings.tell_leaving(cluster, heard)
       raise
+
+
+def _nothing_found_yet(
+    peers: tuple[str, ...]) -> tuple[dict, dict, set[str], dict]:
+  """The records of what probing the peers finds, before the first probe.
+
+  Returns:
+    heard: {peer: (what answered, a detail)}; refusals: {peer: refused
+    probes in a row, since it answered}; silent: of the peers that
+    answered, the ones whose latest probe found silence; unresolved_since:
+    {peer: (since when its name does not resolve, the resolver's reason)}.
+  """
+  heard = dict.fromkeys(peers, (greetings.Heard.NOTHING, 'not probed yet'))
+  return heard, dict.fromkeys(peers, 0), set(), {}
+
+
+def _probe_all(cluster: Cluster, should_stop: Callable[[], bool],
+               heard: dict, refusals: dict, silent: set[str],
+               unresolved_since: dict) -> bool:
+  """Probes every peer once (_probe_again); False, before probing the next
+  one, once should_stop() says so."""
+  for peer in cluster.peers:
+    if should_stop():
+      return False
+    _probe_again(cluster, peer, heard, refusals, silent, unresolved_since)
+  return True
+
+
+def _all_there(peers: tuple[str, ...], heard: dict,
+               heard_from: set[str]) -> bool:
+  """Whether every peer answered the greeting and has heard this task."""
+  return (all(found is greetings.Heard.PEER for found, _ in heard.values())
+          and heard_from >= set(peers))
+
+
+def _wait_a_round(cluster: Cluster, timeout_seconds: float, started: float,
+                  next_report: float, missing: str) -> float:
+  """Sleeps until the next round of probes; the time of the next report.
+
+  Logs the missing peers when a report is due.
+
+  Raises:
+    PeerFailure: timeout_seconds (0: for ever) have passed since started.
+  """
+  now = time.monotonic()
+  if now >= started + (timeout_seconds or math.inf):
+    raise _did_not_form(cluster, timeout_seconds, missing)
+  if now >= next_report:
+    logging.info('Still waiting for the cluster after %.0f s: %s.',
+                 now - started, missing)
+    next_report = now + _REPORT_SECONDS
+  time.sleep(_ROUND_SECONDS)
+  return next_report
 
 
 def _did_not_form(cluster: Cluster, timeout_seconds: float,

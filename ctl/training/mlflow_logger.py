@@ -20,10 +20,8 @@ end of training waits up to a minute for the last ones.
 """
 
 from collections.abc import Mapping
-import json
 import os
 import threading
-import time
 import urllib.parse
 
 from absl import logging
@@ -34,16 +32,17 @@ from ctl import errors
 from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.runtime import workdir as workdir_lib
+from ctl.training import mlflow_pending
 
 _PARENT_TAG = 'mlflow.parentRunId'  # MLflow's own: runs nest under it.
 _MAX_PARAM_CHARS = 6000  # MLflow's limit on a param's value.
-_MAX_PENDING = 100_000  # Values kept while the server is unreachable.
 _BATCH = 1000  # MLflow's limit of metrics in one log_batch.
 _RETRY_SECS = 5.0  # Between sends while the server does not take them.
 _END_WAIT_SECS = 60  # At the end of training, for the last values.
 
 
 def enabled(config: ml_collections.ConfigDict) -> bool:
+  """Whether config logs to MLflow (a tracking URI is set)."""
   return bool(config.mlflow.tracking_uri)
 
 
@@ -133,117 +132,12 @@ def flat_params(config: ml_collections.ConfigDict) -> dict[str, str]:
   return params
 
 
-class _Pending:
-  """The values queued for MLflow that it has not acknowledged yet: in
-  memory, and in workdir/mlflow_pending.jsonl (a value a line), so that
-  those of a killed run are sent by the next one. Shared by the loop,
-  which adds, and the sender thread, which removes what MLflow took.
-
-  Each value is (key, value, timestamp in ms, step): sent again as it was
-  first sent, which MLflow's SQL store keeps once.
-  """
-
-  def __init__(self, path: str):
-    self._path = path
-    self._lock = threading.Lock()
-    self._entries = _read_pending(path)
-    self._dropped = 0  # Oldest values dropped over _MAX_PENDING.
-    # {metric: the last step queued}, by this process and those before it.
-    self._queued = {}
-    self._note_queued(self._entries)
-
-  def add(self, step: int, values: Mapping[str, float]) -> None:
-    """Queues the values of a step not queued before (a resumed run
-    computes again the steps after its checkpoint)."""
-    now = int(time.time() * 1000)
-    with self._lock:
-      new = [(key, float(value), now, step) for key, value in values.items()
-             if step > self._queued.get(key, -1)]
-      self._note_queued(new)
-      self._entries += new
-      if len(self._entries) > _MAX_PENDING:
-        self._dropped += len(self._entries) - _MAX_PENDING
-        del self._entries[:-_MAX_PENDING]
-        self._write()
-      elif new:
-        storage.append_text(self._path, ''.join(map(_line, new)))
-
-  def head(self, count: int) -> list[tuple]:
-    """The oldest `count` values, in the order they were queued."""
-    with self._lock:
-      return self._entries[:count]
-
-  def remove(self, taken: list[tuple]) -> None:
-    """Forgets values MLflow acknowledged."""
-    taken = set(taken)
-    with self._lock:
-      self._entries = [entry for entry in self._entries
-                       if entry not in taken]
-      self._write()
-
-  def drop_logged(self, logged: Mapping[str, int]) -> None:
-    """Forgets values of steps MLflow has ({metric: its last step}), and
-    queues no more of them."""
-    with self._lock:
-      kept = [entry for entry in self._entries
-              if entry[3] > logged.get(entry[0], -1)]
-      for key, step in logged.items():
-        self._queued[key] = max(step, self._queued.get(key, -1))
-      if len(kept) != len(self._entries):
-        self._entries = kept
-        self._write()
-
-  def __len__(self) -> int:
-    with self._lock:
-      return len(self._entries)
-
-  def take_dropped(self) -> int:
-    """How many values were dropped over the bound since the last call."""
-    with self._lock:
-      dropped, self._dropped = self._dropped, 0
-      return dropped
-
-  def _note_queued(self, entries) -> None:
-    for key, _, _, step in entries:
-      self._queued[key] = max(step, self._queued.get(key, -1))
-
-  def _write(self) -> None:
-    """The file as the entries are (none: no file); under the lock."""
-    if self._entries:
-      storage.write_text(self._path, ''.join(map(_line, self._entries)))
-    elif storage.exists(self._path):
-      storage.remove(self._path)
-
-
-def _line(entry: tuple) -> str:
-  key, value, timestamp, step = entry
-  return json.dumps({'key': key, 'value': value, 'timestamp': timestamp,
-                     'step': step}) + '\n'
-
-
-def _read_pending(path: str) -> list[tuple]:
-  """The values a run before this one left unsent; a line cut by a kill
-  (the last) is skipped."""
-  entries = []
-  for line in (storage.read_text(path) or '').splitlines():
-    try:
-      item = json.loads(line)
-      entries.append((item['key'], float(item['value']),
-                      int(item['timestamp']), int(item['step'])))
-    except (ValueError, KeyError, TypeError):
-      continue
-  if entries:
-    logging.info('MLflow: %d values a run before this one did not send are '
-                 'sent first (%s).', len(entries), path)
-  return entries
-
-
 class MlflowLogger(actions.Action):
   """Logs the run to MLflow (see the module's docstring); on the chief.
 
   The loop only queues values (in the workdir's pending file, see
-  _Pending); a thread of this logger sends them, so that training never
-  waits on the server.
+  mlflow_pending.PendingValues); a thread of this logger sends them, so
+  that training never waits on the server.
   """
 
   when = actions.When(after_log=True, after_eval=True, at_end=True)
@@ -253,7 +147,8 @@ class MlflowLogger(actions.Action):
     self._params = flat_params(config)
     self._workdir = workdir
     self._mlflow = reachable_client(config.mlflow.tracking_uri)
-    self._pending = _Pending(workdir_lib.mlflow_pending_path(workdir))
+    self._pending = mlflow_pending.PendingValues(
+        workdir_lib.mlflow_pending_path(workdir))
     self._run_id = None  # Opened by the sender: training has started.
     self._wake = threading.Event()  # Values were queued, or training ended.
     self._ending = threading.Event()  # Training ended: finish the run.
@@ -275,7 +170,7 @@ class MlflowLogger(actions.Action):
     if dropped:
       logging.warning('MLflow: %d values not sent were dropped, the oldest '
                       '(over %d held while the server does not take them).',
-                      dropped, _MAX_PENDING)
+                      dropped, mlflow_pending.MAX_PENDING)
     if self._sender is None:
       self._sender = threading.Thread(target=self._send_until_finished,
                                       name='ctl-mlflow', daemon=True)
@@ -396,11 +291,11 @@ def sweep_parent(trial_config: ml_collections.ConfigDict,
 def finish_sweep_parent(trial_config: ml_collections.ConfigDict,
                         sweep_workdir: str, results_csv: str,
                         all_finished: bool) -> None:
+  """results.csv as the parent run's artifact; the run ended (FINISHED, or
+  FAILED when a trial failed)."""
   run_id = recorded_run(sweep_workdir)
   if not enabled(trial_config) or run_id is None:
     return
-  """results.csv as the parent run's artifact; the run ended (FINISHED, or
-  FAILED when a trial failed)."""
   mlflow = client(trial_config.mlflow.tracking_uri)
   try:
     mlflow.log_artifact(run_id, results_csv)

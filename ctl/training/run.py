@@ -57,20 +57,74 @@ def train_and_evaluate(
       or the loss diverged; no checkpoint or result was overwritten.
   """
   started = speed_lib.process_start_time()
+  task_class, strategy, task_info = _set_up(config)
+  if task_info.task_type == 'evaluator':
+    return _evaluate_as_side_car(config, workdir, strategy, task_info,
+                                 on_finish)
+  _log_place_in_cluster(task_info, strategy)
+  timeout_seconds = config.distribution.timeout_seconds
+  watchdog, status, dumps = _watchdog_and_status(config, workdir, task_info)
+  trainer = None
+  with preemption.StopSignal() as stop_signal, workdir_lib.Lock(
+      workdir, enabled=task_info.is_chief) as workdir_lock, (
+          status.recording()), diagnostics.DumpOnSignal(status):
+    try:
+      with watchdog:
+        trainer = trainer_lib.Trainer(
+            config, workdir, strategy=strategy, task_info=task_info,
+            task_class=task_class, stop_signal=stop_signal, started=started,
+            workdir_lock=workdir_lock, watchdog=watchdog, status=status)
+        results = trainer.run()
+      finished_now = results.pop('finished_now')
+      if on_finish:
+        on_finish(task_info, finished_now)
+    except errors.Preempted:
+      distribution.leave_together(task_info, timeout_seconds)
+      raise
+    except (tf.errors.OpError, OSError) as error:
+      _raise_what_it_means(error, config, workdir, trainer and trainer.task,
+                           task_info, workdir_lock, status, dumps)
+      raise
+    _record_end(status, results)
+  distribution.leave_together(task_info, timeout_seconds)
+  return results
+
+
+def _set_up(
+    config: ml_collections.ConfigDict
+) -> tuple[type, tf.distribute.Strategy, distribution.Role]:
+  """Checks the config, sets TensorFlow up for it and builds the strategy.
+
+  Returns:
+    The task's class, the strategy and this task's place in the cluster.
+
+  Raises:
+    ConfigError: the config cannot work; nothing was written.
+  """
   config_lib.validate(config)
   task_class = builtin_tasks.resolve(config.task)
   tf_internals.apply_fixes()
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   strategy, task_info = distribution.build_strategy(config.distribution)
-  if task_info.task_type == 'evaluator':
-    return _evaluate_as_side_car(config, workdir, strategy, task_info,
-                                 on_finish)
+  return task_class, strategy, task_info
+
+
+def _log_place_in_cluster(task_info: distribution.Role,
+                          strategy: tf.distribute.Strategy) -> None:
+  """Logs which task this is, of how many, and whether it is the chief."""
   logging.info('Task %s of %d worker(s), %d replica(s) in sync, chief: %s',
                task_info.name, task_info.num_workers,
                strategy.num_replicas_in_sync, task_info.is_chief)
+
+
+def _watchdog_and_status(
+    config: ml_collections.ConfigDict, workdir: str,
+    task_info: distribution.Role
+) -> tuple[watchdog_lib.Watchdog, worker_status.WorkerStatus, list[str]]:
+  """What watches a training task: its watchdog, its worker status, and
+  the list where the watchdog's diagnostics dump goes when it aborts."""
   timeout_seconds = config.distribution.timeout_seconds
-  trainer = None
   # Bounds every wait for a peer while the task is built and trained.
   watchdog = watchdog_lib.Watchdog(timeout_seconds,
                                    enabled=task_info.num_workers > 1)
@@ -87,40 +141,35 @@ def train_and_evaluate(
   watchdog.on_abort = lambda: dumps.append(diagnostics.write(
       status, f'no progress for distribution.timeout_seconds='
       f'{timeout_seconds:g}: aborting the collectives'))
-  with preemption.StopSignal() as stop_signal, workdir_lib.Lock(
-      workdir, enabled=task_info.is_chief) as workdir_lock, (
-          status.recording()), diagnostics.DumpOnSignal(status):
-    try:
-      with watchdog:
-        trainer = trainer_lib.Trainer(
-            config, workdir, strategy=strategy, task_info=task_info,
-            task_class=task_class, stop_signal=stop_signal,
-            workdir_lock=workdir_lock, started=started, watchdog=watchdog,
-            status=status)
-        results = trainer.run()
-      finished_now = results.pop('finished_now')
-      if on_finish:
-        on_finish(task_info, finished_now)
-    except errors.Preempted:
-      distribution.leave_together(task_info, timeout_seconds)
-      raise
-    except (tf.errors.OpError, OSError) as error:
-      failure = failures.explain(
-          error, workdir=workdir, task=trainer and trainer.task,
-          task_info=task_info, timeout_seconds=timeout_seconds,
-          jit_compile=config.jit_compile, workdir_lock=workdir_lock)
-      if failure is None:
-        raise
-      if isinstance(failure, errors.PeerFailure) and status.started:
-        failure = diagnostics.name_stalled_peers(
-            failure, status, error, dumps[0] if dumps else None)
-      raise failure from error
-    stopped = results.get('stopped')
-    status.finish(worker_status.STOPPED if stopped else
-                  worker_status.FINISHED,
-                  stopped and stopped['reason'], 0)
-  distribution.leave_together(task_info, timeout_seconds)
-  return results
+  return watchdog, status, dumps
+
+
+def _raise_what_it_means(error: Exception, config: ml_collections.ConfigDict,
+                         workdir: str, task, task_info: distribution.Role,
+                         workdir_lock: workdir_lib.Lock,
+                         status: worker_status.WorkerStatus,
+                         dumps: list[str]) -> None:
+  """Raises, from error, what it means for the user (failures.py), naming
+  the stalled peers of a PeerFailure; returns when that is not known."""
+  failure = failures.explain(
+      error, workdir=workdir, task=task, task_info=task_info,
+      timeout_seconds=config.distribution.timeout_seconds,
+      jit_compile=config.jit_compile, workdir_lock=workdir_lock)
+  if failure is None:
+    return
+  if isinstance(failure, errors.PeerFailure) and status.started:
+    failure = diagnostics.name_stalled_peers(
+        failure, status, error, dumps[0] if dumps else None)
+  raise failure from error
+
+
+def _record_end(status: worker_status.WorkerStatus, results: dict) -> None:
+  """Records in the worker's status that training finished, or stopped
+  early (an action's reason)."""
+  stopped = results.get('stopped')
+  status.finish(worker_status.STOPPED if stopped else
+                worker_status.FINISHED,
+                stopped and stopped['reason'], 0)
 
 
 def _evaluate_as_side_car(config, workdir, strategy, task_info,
