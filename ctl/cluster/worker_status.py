@@ -39,6 +39,7 @@ from absl import logging
 
 from ctl import errors
 from ctl import storage
+from ctl.cluster import stall_meter
 from ctl.runtime import workdir as workdir_lib
 
 # The states of a worker's run, as ctl.status shows them.
@@ -62,44 +63,6 @@ MIN_WRITE_SECONDS = 1.0
 # How long the end of a run waits for its last write (a store that does not
 # answer must not hold the exit).
 _FINAL_WRITE_SECONDS = 10.0
-
-
-# How often the stall meter looks at the clock; a look later than twice
-# this counts as time the process was kept from running.
-_STALL_TICK_SECONDS = 0.05
-
-
-class StallMeter:
-  """Seconds this process was kept from running: stopped (SIGSTOP), or
-  starved of CPU by the machine.
-
-  A thread sleeps `_STALL_TICK_SECONDS` again and again; a wake-up much
-  later than asked means no thread of the process ran meanwhile. Neither
-  the process's CPU time nor a loop's wall time shows such a stall: the
-  all-reduce makes every worker's loop as long as the slowest's.
-  """
-
-  def __init__(self):
-    self._stalled = 0.0
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._measure, daemon=True,
-                                    name='ctl-stall-meter')
-    self._thread.start()
-
-  def seconds(self) -> float:
-    """Stalled seconds since the meter started."""
-    return self._stalled
-
-  def stop(self) -> None:
-    self._stop.set()
-
-  def _measure(self) -> None:
-    before = time.monotonic()
-    while not self._stop.wait(_STALL_TICK_SECONDS):
-      now = time.monotonic()
-      if now - before > 2 * _STALL_TICK_SECONDS:
-        self._stalled += now - before - _STALL_TICK_SECONDS
-      before = now
 
 
 def heartbeat_seconds(timeout_seconds: float) -> float:
@@ -174,7 +137,7 @@ class WorkerStatus:
     if self.path is None or self._thread is not None:
       return
     self._wake.set()  # The first write at once.
-    self._stalls = StallMeter()
+    self._stalls = stall_meter.StallMeter()
     self._thread = threading.Thread(target=self._write_until_ended,
                                     daemon=True, name='ctl-worker-status')
     self._thread.start()

@@ -33,7 +33,7 @@ from ctl.runtime import workdir as workdir_lib
 from ctl.training import ema
 from ctl.training import failures
 from ctl.training import metric_reading
-from ctl.training import steps as steps_lib
+from ctl.training import task_calls
 
 # The name of the one eval set of a task whose eval_data returns one set.
 SINGLE = ''
@@ -177,16 +177,16 @@ class Evaluator:
     ctx = task_lib.StepContext(
         global_batch_size=self._eval_batch_size, step=step, seed=self._seed,
         training=False)
-    outputs = steps_lib.check_logs(
-        steps_lib.call_step(
-            steps_lib.task_function(self._task.eval_step, self._autograph),
+    outputs = task_calls.check_logs(
+        task_calls.call_step(
+            task_calls.task_function(self._task.eval_step, self._autograph),
             batch, ctx, 'eval_step'),
         'eval_step', scalars_only=False)
     scalars = {key: value for key, value in outputs.items()
                if value.shape.rank == 0}
     per_example = {key: value for key, value in outputs.items()
                    if value.shape.rank != 0}
-    return steps_lib.weighted_logs(scalars, batch, 'eval_step'), per_example
+    return task_calls.weighted_logs(scalars, batch, 'eval_step'), per_example
 
   def _mean_over_workers(self, sums: dict[str, float]) -> dict[str, float]:
     """Sums over every worker, divided by the examples: example means."""
@@ -196,7 +196,7 @@ class Evaluator:
     totals = self._sum_over_workers(
         np.array([sums[key] for key in keys], np.float64))
     totals = dict(zip(keys, totals))
-    examples = totals.pop(steps_lib.EXAMPLES)
+    examples = totals.pop(task_calls.EXAMPLES)
     return {key: float(value / examples) if examples else float('nan')
             for key, value in totals.items()}
 

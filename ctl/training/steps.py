@@ -7,14 +7,11 @@ report is due after the loop, the train metrics, read and reset. The
 Python loop in ctl/training/loop.py owns everything else. ctl's own code
 is traced without AutoGraph: it has no Python control flow on tensors, and
 converting it cost most of the first step's tracing time. The task's own
-hooks are converted (`task_function`, config.autograph), as a tf.function
+hooks are converted (`task_calls.task_function`, config.autograph), as a tf.function
 would convert them.
 """
 
-from collections.abc import Callable, Mapping
 import contextlib
-import inspect
-import types
 from typing import Any
 
 import tensorflow as tf
@@ -27,11 +24,8 @@ from ctl.data import inputs
 from ctl.runtime import tf_internals
 from ctl.training import metric_reading
 from ctl.training import state as state_lib
+from ctl.training import task_calls
 
-# ctl's own tasks and Task's default hooks (not converted by AutoGraph).
-_BUILT_IN_TASKS = ('ctl.builtin_tasks.', 'ctl.task')
-# The key under which a step's log sums carry its number of examples.
-EXAMPLES = '__examples__'
 
 
 class StepRunner:
@@ -86,8 +80,12 @@ class StepRunner:
     self._iterator = None
     self._loop_function = None
     self._calls = {}  # {read_metrics: the traced loop, called flat}
-    # XLA compiles one program per input shape: a step takes the loop's
-    # indices and its number, a loop its indices padded to steps_per_loop.
+    self._compile(jit_compile)
+
+  def _compile(self, jit_compile: str) -> None:
+    """What XLA compiles: a step takes the loop's indices and its number,
+    a loop its indices padded to steps_per_loop (one program per input
+    shape)."""
     self._step_on_batch = self._train_on_batch
     self._run_steps = self._loop_steps
     if jit_compile == 'step':
@@ -165,11 +163,11 @@ class StepRunner:
         # tf.identity: each replica's own copy, a distributed value.
         self._strategy.run(lambda: tf.identity(local)), axis=None)
     by_name = dict(zip(names, tf.unstack(totals[:len(names)])))
-    examples = by_name.pop(EXAMPLES)
+    examples = by_name.pop(task_calls.EXAMPLES)
     logs = {name: value / examples for name, value in by_name.items()}
     loop_logs = {name: tf.cast(value, tf.float32)
                  for name, value in
-                 task_function(self._task.loop_logs, self._autograph)().items()}
+                 task_calls.task_function(self._task.loop_logs, self._autograph)().items()}
     outputs = {'logs': logs, 'loop_logs': loop_logs,
                'requests': tf.cast(tf.round(totals[len(names):]), tf.int32)}
     if read_metrics:  # After the steps: automatic control dependencies.
@@ -218,7 +216,7 @@ class StepRunner:
         accumulate_steps=self._accumulate_steps)
     # Out of the graph loop's name scope: a task's tf.summary('x') is 'x'.
     with tf.compat.v1.name_scope(None):
-      logs = call_step(task_function(self._task.train_step, self._autograph),
+      logs = task_calls.call_step(task_calls.task_function(self._task.train_step, self._autograph),
                        batch, ctx, 'train_step')
     if self._accumulate_steps > 1 and not ctx.accumulated:
       raise errors.ConfigError(
@@ -227,7 +225,7 @@ class StepRunner:
           'whole batches: call it (see ctl.StepContext.accumulate), or '
           'set config.accumulate_steps=1.')
     # Every replica's training batch has the same size: a plain mean.
-    return weighted_logs(logs, None, 'train_step')
+    return task_calls.weighted_logs(logs, None, 'train_step')
 
   @contextlib.contextmanager
   def _summaries_due(self, step: tf.Tensor):
@@ -249,102 +247,3 @@ class StepRunner:
         yield
     finally:
       tf.summary.experimental.set_step(None)
-
-
-def task_function(function: Callable, autograph: bool) -> Callable:
-  """A task's hook as ctl's (AutoGraph-less) tf.functions call it: with its
-  Python control flow on tensors converted by AutoGraph, when asked."""
-  # ctl's built-in tasks have no Python control flow on tensors: their
-  # steps are traced as written, saving the conversion's start-up time.
-  if not autograph or function.__module__.startswith(_BUILT_IN_TASKS):
-    return function
-  # A hook its author wrapped in @tf.function converts itself (its own
-  # autograph argument) when ctl's function traces it.
-  if isinstance(function, tf.types.experimental.PolymorphicFunction):
-    return function
-  if inspect.ismethod(function):  # to_graph converts the unbound function.
-    return types.MethodType(tf.autograph.to_graph(function.__func__),
-                            function.__self__)
-  return tf.autograph.to_graph(function)
-
-
-def call_step(step: Callable, batch: Any, ctx, hook: str):
-  """Calls a task's step; an error from a batch it cannot take is explained.
-
-  Raises:
-    CtlError: when the step fails on the batch's structure (TypeError,
-      ValueError, KeyError, IndexError while tracing), naming the structure.
-      Or Python control flow on a tensor without AutoGraph.
-  """
-  try:
-    return step(batch, ctx)
-  except tf.errors.OperatorNotAllowedInGraphError as error:
-    raise errors.CtlError(
-        f'The task\'s {hook} uses a tensor as a Python bool ({error}), and '
-        'config.autograph=False traces it as written: set '
-        'config.autograph=True, or use tf.cond.') from error
-  except (TypeError, ValueError, KeyError, IndexError) as error:
-    raise errors.CtlError(
-        f'The task\'s {hook} failed on a batch of structure '
-        f'{describe(batch)}: {type(error).__name__}: {error}. Make the data '
-        f'hook return elements that {hook} unpacks as it expects.'
-    ) from error
-
-
-def describe(batch: Any) -> str:
-  """A batch's structure: its nesting, each tensor's dtype and shape."""
-  return str(tf.nest.map_structure(
-      lambda tensor: f'{tensor.dtype.name}{list(tensor.shape)}', batch))
-
-
-def weighted_logs(logs: Mapping[str, tf.Tensor], batch: Any,
-                  hook: str) -> dict[str, tf.Tensor]:
-  """{name: value * examples} and the examples, to average over replicas.
-
-  With batch None, each replica counts as one example: a plain mean. A
-  replica without data (the end of an eval pass) has 0 examples; its logs
-  (the mean of nothing is NaN) then count for nothing.
-
-  Raises:
-    CtlError: when the logs are not a dict of scalars.
-  """
-  logs = check_logs(logs, hook, scalars_only=True)
-  if batch is None:
-    weighted = {name: tf.cast(value, tf.float32)
-                for name, value in logs.items()}
-    weighted[EXAMPLES] = tf.constant(1.0)
-    return weighted
-  examples = tf.cast(batch_size(batch), tf.float32)
-  weighted = {EXAMPLES: examples}
-  for name, value in logs.items():
-    value = tf.cast(value, tf.float32)
-    weighted[name] = tf.where(examples > 0, value * examples, 0.0)
-  return weighted
-
-
-def check_logs(logs, hook: str, scalars_only: bool) -> dict[str, tf.Tensor]:
-  """The logs as a dict of tensors; raises CtlError naming the bad one."""
-  if not isinstance(logs, Mapping):
-    raise errors.CtlError(
-        f'The task\'s {hook} returned {type(logs).__name__}; it must return a '
-        "dict of scalar logs, e.g. {'loss': loss}.")
-  checked = {}
-  for name, value in logs.items():
-    value = tf.convert_to_tensor(value)
-    if scalars_only and value.shape.rank != 0:
-      raise errors.CtlError(
-          f'The task\'s {hook} returned log {name!r} of shape {value.shape}; '
-          'logs must be scalars (reduce it, e.g. tf.reduce_mean).')
-    checked[name] = value
-  return checked
-
-
-def batch_size(batch: Any) -> tf.Tensor:
-  """The number of examples in a batch of any structure: its first
-  component's rows."""
-  first = tf.nest.flatten(batch, expand_composites=False)[0]
-  if isinstance(first, tf.RaggedTensor):
-    return first.nrows()
-  if isinstance(first, tf.SparseTensor):
-    return first.dense_shape[0]
-  return tf.shape(first)[0]
