@@ -314,9 +314,13 @@ def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
   assert third.wait() == 0, third.output[-3000:]
   assert taken_over in third.output
   log = (trial_dir / 'log.txt').read_text()
-  assert 'Restored' in log
-  assert (f'Step {kill_step} was reported to the study before this run '
-          'resumed: not again.') in log
+  # The first resume's checkpoint: saved every 22 steps, before the kill
+  # unless the trial ran on to the next save before SIGKILL reached it.
+  restored = int(re.search(r'Restored \S*ckpt-(\d+)', log)[1])
+  assert restored >= kill_step - 11
+  for step in range(restored + 11, kill_step + 1, 11):
+    assert (f'Step {step} was reported to the study before this run '
+            'resumed: not again.') in log, step
   eval_steps = list(range(11, 133, 11))
   for step in eval_steps:
     assert len(re.findall(rf'Reported eval accuracy \S+ at step {step} ',
