@@ -591,13 +591,22 @@ def test_each_pipeline_reads_only_the_records_it_trains_on(tmp_path,
   steps = 40 * 16
   next(iter(batches.dataset(_context(), global_batch_size=32, seed=0,
                             first_step=0)))  # Everything imported.
-  trained = []
-  for pipeline in range(num_pipelines):
+  def read(pipeline):
+    """The pipeline's labels, and the bytes read per byte trained on."""
     before = _bytes_read()
     labels = _labels(batches.dataset(
         _context(pipeline, num_pipelines), global_batch_size=32, seed=0,
         first_step=0).take(steps))
-    ratio = (_bytes_read() - before) / (len(labels) * on_disk)
+    return labels, (_bytes_read() - before) / (len(labels) * on_disk)
+
+  trained = []
+  for pipeline in range(num_pipelines):
+    labels, ratio = read(pipeline)
+    if ratio > 1.1:
+      # The process's reads count other threads' too (a lazy import, the
+      # last pipeline's read-ahead winding down): they only ever add, so
+      # the lower of two measurements is the closer.
+      ratio = min(ratio, read(pipeline)[1])
     print(f'pipeline {pipeline} of {num_pipelines}: {ratio:.3f} records '
           'read per record trained')
     assert len(labels) == steps * 32 // num_pipelines
