@@ -314,17 +314,18 @@ def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
   assert third.wait() == 0, third.output[-3000:]
   assert taken_over in third.output
   log = (trial_dir / 'log.txt').read_text()
-  # The first resume's checkpoint: saved every 22 steps, before the kill
-  # unless the trial ran on to the next save before SIGKILL reached it.
+  # The checkpoint the first resume restored (saved every 22 steps): the
+  # evaluations after it that were reported before the kill are not
+  # reported again. Which one it is depends on where SIGKILL landed (a
+  # loaded machine lets the trial run on past a save, or cuts one short).
   restored = int(re.search(r'Restored \S*ckpt-(\d+)', log)[1])
-  assert restored >= kill_step - 11
   for step in range(restored + 11, kill_step + 1, 11):
     assert (f'Step {step} was reported to the study before this run '
-            'resumed: not again.') in log, step
+            'resumed: not again.') in log, (step, log[-5000:])
   eval_steps = list(range(11, 133, 11))
   for step in eval_steps:
     assert len(re.findall(rf'Reported eval accuracy \S+ at step {step} ',
-                          log)) == 1, step
+                          log)) == 1, (step, log[-5000:])
   [trial] = _study(workdir, storage).trials
   assert trial.state.name == 'COMPLETE'
   assert sorted(trial.intermediate_values) == eval_steps
