@@ -75,7 +75,12 @@ _ALLOWED = {
     'ctl/training/speed.py': ("open('/proc",),
     # A trial's output file: a process writes it, so it is local by
     # construction (copied to a remote workdir when the trial exits).
-    'ctl/sweep/trials.py': ('open(self._local_log',),
+    # Read back for its last error line (Trial.error_line).
+    'ctl/sweep/trials.py': ('open(self._local_log', 'os.path.exists(path)',
+                            "open(path, 'rb')", 'os.path.getsize(path)'),
+    # The local temp folder's leftovers of killed ctl processes: this
+    # user's folders only (their owner from os.stat), never a workdir.
+    'ctl/runtime/scratch.py': ('glob.glob', 'os.path.isdir', 'os.stat'),
 }
 _FILE_ACCESS = re.compile(
     r'\bos\.path\.(exists|isdir|isfile|getsize|getmtime)\(|\bshutil\.\w+\('
