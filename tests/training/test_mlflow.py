@@ -129,6 +129,8 @@ def test_a_killed_run_continues_its_mlflow_run_without_repeating_steps(
 def _assert_logged_once_as_in_csv(client, run_id, workdir):
   """Every value of metrics.csv in MLflow, once, at its step."""
   for name, rows in _csv_values(workdir).items():
+    if name.startswith('workers/'):
+      continue  # Each worker's timings: TensorBoard and the CSV only.
     history = client.get_metric_history(run_id, name)
     logged = sorted((entry.step, entry.value) for entry in history)
     assert [step for step, _ in logged] == [step for step, _ in rows], name
