@@ -324,8 +324,13 @@ def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
             'resumed: not again.') in log, (step, log[-5000:])
   eval_steps = list(range(11, 133, 11))
   for step in eval_steps:
-    assert len(re.findall(rf'Reported eval accuracy \S+ at step {step} ',
-                          log)) == 1, (step, log[-5000:])
+    # Reported once; a line the killed trial had not yet written out is
+    # missing, and the resumed one says it was reported.
+    reported = len(re.findall(rf'Reported eval accuracy \S+ at step {step} ',
+                              log))
+    skipped = (f'Step {step} was reported to the study before this run '
+               'resumed: not again.') in log
+    assert reported == 1 or (reported == 0 and skipped), (step, log[-5000:])
   [trial] = _study(workdir, storage).trials
   assert trial.state.name == 'COMPLETE'
   assert sorted(trial.intermediate_values) == eval_steps
