@@ -93,17 +93,24 @@ def _sweep_file(directory: pathlib.Path, seed: int) -> pathlib.Path:
   return path
 
 
+def _timed_run(command: list[str], who: str):
+  """Runs command; returns its start time (time.time()), its seconds and
+  its result. Raises RuntimeError, with its output, where it failed."""
+  started = time.time()
+  result = subprocess.run(command, capture_output=True, text=True, check=False)
+  total = time.time() - started
+  if result.returncode != 0:
+    raise RuntimeError(f'{who} exited {result.returncode}:\n'
+                       f'{result.stdout[-3000:]}\n{result.stderr[-3000:]}')
+  return started, total, result
+
+
 def run_ctl(seed: int, directory: pathlib.Path) -> dict:
   """ctl.sweep's search: its evaluations as (seconds since start, accuracy)."""
   workdir = directory / 'sweep'
   command = [sys.executable, '-m', 'ctl.sweep',
              f'--sweep={_sweep_file(directory, seed)}', f'--workdir={workdir}']
-  started = time.time()
-  result = subprocess.run(command, capture_output=True, text=True, check=False)
-  total = time.time() - started
-  if result.returncode != 0:
-    raise RuntimeError(f'ctl.sweep exited {result.returncode}:\n'
-                       f'{result.stdout[-3000:]}\n{result.stderr[-3000:]}')
+  started, total, result = _timed_run(command, 'ctl.sweep')
   evaluations = []
   for log in sorted(workdir.glob('trial-*/log.txt')):
     for day, clock, accuracy in _EVAL_LINE.findall(log.read_text()):
@@ -127,12 +134,7 @@ def run_keras_tuner(seed: int, directory: pathlib.Path) -> dict:
   command = [sys.executable, '-m', 'benchmarks.search',
              '--contender=keras_tuner', f'--seed={seed}',
              f'--workdir={directory}']
-  started = time.time()
-  result = subprocess.run(command, capture_output=True, text=True, check=False)
-  total = time.time() - started
-  if result.returncode != 0:
-    raise RuntimeError(f'Keras Tuner exited {result.returncode}:\n'
-                       f'{result.stderr[-3000:]}')
+  started, total, result = _timed_run(command, 'Keras Tuner')
   record = json.loads(out.read_text())
   return {'total': total, 'trials': record['configurations'],
           'pruned': record['stopped_early'],

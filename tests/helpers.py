@@ -144,6 +144,17 @@ def wait_for_checkpoint(workdir: pathlib.Path, process, timeout=120) -> None:
     time.sleep(0.05)
 
 
+def wait_for_glob(directory: pathlib.Path, pattern: str, process,
+                  timeout=300) -> None:
+  """Waits until something in directory matches pattern, while process
+  runs (polled often: such paths can be short-lived)."""
+  deadline = time.monotonic() + timeout
+  while not list(directory.glob(pattern)):
+    assert process.poll() is None, f'exited before {directory}/{pattern}'
+    assert time.monotonic() < deadline, f'no {pattern} within {timeout} s'
+    time.sleep(0.005)
+
+
 def assert_same_model(checkpoint, reference, atol: float) -> int:
   """Asserts two ctl checkpoints' model weights agree to within atol.
 

@@ -45,13 +45,18 @@ def test_a_config_error_is_not_restarted(tmp_path):
   assert '[worker 1] ctl: error: Unknown config key' in launcher.output
 
 
-@pytest.mark.slow
-def test_workers_die_with_a_killed_launcher(tmp_path):
-  workdir = str(tmp_path / 'job')
-  launcher = helpers.Watched([
+def _launch_a_long_job(workdir: str) -> helpers.Watched:
+  """ctl.launch of 2 workers, training far longer than a test waits."""
+  return helpers.Watched([
       *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2', '--',
       f'--config={helpers.DIGITS}', f'--workdir={workdir}',
       '--config.num_epochs=50'])
+
+
+@pytest.mark.slow
+def test_workers_die_with_a_killed_launcher(tmp_path):
+  workdir = str(tmp_path / 'job')
+  launcher = _launch_a_long_job(workdir)
   launcher.wait_for(r'\[worker 0\] .*step \d+/')
   launcher.process.send_signal(signal.SIGKILL)
   launcher.wait()
@@ -64,10 +69,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_the_workers_at_once_with_130(tmp_path):
   workdir = str(tmp_path / 'job')
-  launcher = helpers.Watched([
-      *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2', '--',
-      f'--config={helpers.DIGITS}', f'--workdir={workdir}',
-      '--config.num_epochs=50'])
+  launcher = _launch_a_long_job(workdir)
   try:
     launcher.wait_for(r'\[worker 0\] .*step \d+/')
     launcher.process.send_signal(signal.SIGINT)

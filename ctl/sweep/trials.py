@@ -49,7 +49,8 @@ class StopSignals:
   def __init__(self, message: str):
     self._message = message
     self._previous = {}
-    self._forwarded = set()
+    self._said = False
+    self._forwarded = set()  # The pids sent SIGTERM.
     self.signum = None
 
   @property
@@ -75,9 +76,9 @@ class StopSignals:
     `processes` not sent one yet."""
     if self.signum is None:
       return
-    if not self._forwarded:
+    if not self._said:
       say(f'{signal.Signals(self.signum).name}: {self._message}')
-      self._forwarded.add(None)
+      self._said = True
     for process in processes:
       if process.pid not in self._forwarded:
         self._forwarded.add(process.pid)

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -88,11 +87,7 @@ def test_an_export_cut_short_by_a_kill_is_completed_by_the_same_command(
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
     # The export starts with its temporary folders in the workdir.
-    deadline = time.monotonic() + 300
-    while not list(workdir.glob('.export-*')):
-      assert job.poll() is None, 'exited before it exported'
-      assert time.monotonic() < deadline
-      time.sleep(0.005)
+    helpers.wait_for_glob(workdir, '.export-*', job)
   finally:
     job.kill()
     job.wait()

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -165,11 +164,7 @@ def test_an_export_killed_on_gcs_leaves_no_folder_on_this_machine(
   job = subprocess.Popen(command, cwd=helpers.REPO, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
-    deadline = time.monotonic() + 300
-    while not list(tmp_path.glob('*export*')):
-      assert job.poll() is None, 'exited before it exported'
-      assert time.monotonic() < deadline
-      time.sleep(0.005)
+    helpers.wait_for_glob(tmp_path, '*export*', job)
   finally:
     job.kill()
     job.wait()
