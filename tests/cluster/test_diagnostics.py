@@ -150,7 +150,9 @@ def test_a_worker_slowed_by_half_is_named_as_the_straggler_then_recovers(
     assert named.groups() == ('1', str(victim.pid))
     reports = len(re.findall(r' step \d+/', chief.output)) - reports_before
     print(f'named after {reports} reports: {named.group(0)}')
-    assert reports <= 8, f'named after {reports} reports'
+    # Within 4 windows of 3 reports: one report of a busy machine in which
+    # the stops fell unevenly starts the window again.
+    assert reports <= 12, f'named after {reports} reports'
     slowed.clear()
     duty.join()
     chief.wait_for(rf'Worker 1 \(\S+, pid {victim.pid}\) is no longer a '
