@@ -38,3 +38,17 @@ def postgres_server():
   server.start()
   yield server
   server.stop()
+
+
+@pytest.fixture(autouse=True)
+def op_determinism_as_it_was():
+  """A run in this process with config.deterministic turns on TensorFlow's
+  op determinism for the whole process (ctl/training/run.py): off again
+  after the test, so that no later test in this process (pytest-xdist runs
+  files in another order) refuses a seedless random op."""
+  yield
+  if 'tensorflow' in sys.modules:
+    # pylint: disable=g-import-not-at-top
+    from tensorflow.python.framework import config as tf_config
+    if tf_config.is_op_determinism_enabled():
+      tf_config.disable_op_determinism()

@@ -46,6 +46,7 @@ def test_the_default_sections_exist_and_include_user_task():
   assert 'user_task' in sections
 
 
+@pytest.mark.slow
 def test_every_contender_trains_and_reports_a_speed():
   tiny = dataclasses.replace(bw.WORKLOADS['mlp'], measure_steps=200,
                              ctl_steps=300)

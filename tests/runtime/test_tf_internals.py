@@ -36,6 +36,7 @@ def _two_async_saves(directory, fix: bool) -> subprocess.CompletedProcess:
                         text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_async_checkpoints_of_keras_variables_need_the_fix(tmp_path):
   # In fresh processes: the fix changes a Keras class for the process.
   broken = _two_async_saves(tmp_path / 'without', fix=False)
@@ -71,6 +72,7 @@ def _failed_async_write(directory, take: bool) -> subprocess.CompletedProcess:
                         text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_failed_async_write_is_raised_at_exit_unless_taken(tmp_path):
   # TensorFlow raises a background write's error at the next write or in
   # its exit handler, not at sync(); Checkpointer.wait() takes it.

@@ -160,6 +160,7 @@ def _write_own_task_sweep(directory, metric) -> str:
   return str(path)
 
 
+@pytest.mark.slow
 def test_a_sweep_of_a_task_of_ones_own_runs_to_results_csv(tmp_path):
   # A config from ctl.base_config() names no metrics: the sweep's metric
   # is looked up in each trial's results (it died of KeyError: 'metrics').

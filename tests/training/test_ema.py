@@ -21,6 +21,7 @@ def _accuracy(model, data) -> float:
   return float(np.mean(predicted == labels))
 
 
+@pytest.mark.slow
 def test_evaluation_uses_the_average_and_training_resumes_on_the_weights(
     tmp_path):
   whole = run.train_and_evaluate(helpers.digits(2, **EMA),

@@ -95,6 +95,7 @@ def test_every_choice_resumes_bit_identical_random_layers_included(
   assert resumed['weights_sha256'] == uninterrupted['weights_sha256']
 
 
+@pytest.mark.slow
 def test_a_model_xla_cannot_compile_fails_clearly_and_trains_without_xla(
     tmp_path):
   fields = {'model.name': 'user_modules:not_xla', 'jit_compile': 'auto'}
