@@ -7,6 +7,7 @@ have a test module of the same name.
 """
 
 import pathlib
+import random
 import sys
 
 
@@ -41,11 +42,15 @@ def postgres_server():
 
 
 @pytest.fixture(autouse=True)
-def op_determinism_as_it_was():
-  """A run in this process with config.deterministic turns on TensorFlow's
-  op determinism for the whole process (ctl/training/run.py): off again
-  after the test, so that no later test in this process (pytest-xdist runs
-  files in another order) refuses a seedless random op."""
+def process_state_as_it_was():
+  """What a run in this process changes for the whole process, undone for
+  the tests after it (pytest-xdist runs files in another order than one
+  process would): Python's `random` is seeded afresh before each test (a
+  run seeds it with config.seed, and a test's kill point drawn from it
+  would be the same each time), and TensorFlow's op determinism, which a
+  run with config.deterministic turns on (ctl/training/run.py), is off
+  again after it (a later seedless random op would be refused)."""
+  random.seed()
   yield
   if 'tensorflow' in sys.modules:
     # pylint: disable=g-import-not-at-top

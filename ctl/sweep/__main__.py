@@ -190,7 +190,7 @@ class _Runner:
                not stops.requested):
           self._start(pending.pop(0))
         stops.forward(self._running)
-        self._collect_exited()
+        self._collect_exited(stopping=stops.requested)
         time.sleep(0.2)
     return stops.requested
 
@@ -204,11 +204,16 @@ class _Runner:
     self._running[process] = (trial, time.monotonic(), log)
     trials_lib.say(f'{trial.name}: started (pid {process.pid})')
 
-  def _collect_exited(self) -> None:
+  def _collect_exited(self, stopping: bool) -> None:
     for process in [p for p in self._running if p.poll() is not None]:
       trial, started, log = self._running.pop(process)
       log.close()
-      error = trial.error_line() if process.returncode else None
+      # Stopped by the signal passed on (SIGTERM before ctl.main handles
+      # it kills it): the next run resumes it, not the trial's failure.
+      stopped = process.returncode == errors.EXIT_PREEMPTED or (
+          process.returncode and stopping)
+      error = (trial.error_line() if process.returncode and not stopped
+               else None)
       trial.publish_log()
       record = trial.record()
       record.update(
@@ -222,6 +227,9 @@ class _Runner:
                              record)
       if process.returncode == 0:
         trials_lib.say(f'{trial.name}: finished in {record["wall_seconds"]:.1f} s')
+      elif stopped:
+        trials_lib.say(f'{trial.name}: stopped (exit code '
+                       f'{process.returncode}); the same command resumes it')
       else:
         why = f': {error.rstrip(".")}' if error else ''
         trials_lib.say(f'{trial.name}: FAILED with exit code '

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from ctl.checkpoints import data_positions
 from ctl.runtime import tf_internals
+import helpers
 
 _TWO_ASYNC_SAVES = '''
 import keras, tensorflow as tf
@@ -33,7 +34,7 @@ def _two_async_saves(directory, fix: bool) -> subprocess.CompletedProcess:
       fix=('from ctl.runtime import tf_internals\n'
            'tf_internals.fix_keras_async_checkpoint_copy()' if fix else ''))
   return subprocess.run([sys.executable, '-c', code], capture_output=True,
-                        text=True, timeout=300)
+                        env=helpers.env_with(), text=True, timeout=300)
 
 
 @pytest.mark.slow
@@ -51,6 +52,7 @@ def test_async_checkpoints_of_keras_variables_need_the_fix(tmp_path):
 _FAILED_ASYNC_WRITE = '''
 import tensorflow as tf
 from ctl.runtime import tf_internals
+import helpers
 checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
 options = tf.train.CheckpointOptions(enable_async=True)
 checkpoint.write('{directory}/ckpt', options=options)  # Its folder exists.
@@ -69,7 +71,7 @@ def _failed_async_write(directory, take: bool) -> subprocess.CompletedProcess:
   (directory / 'file').write_text('not a folder')
   code = _FAILED_ASYNC_WRITE.format(directory=directory, take=take)
   return subprocess.run([sys.executable, '-c', code], capture_output=True,
-                        text=True, timeout=300)
+                        env=helpers.env_with(), text=True, timeout=300)
 
 
 @pytest.mark.slow
@@ -148,7 +150,7 @@ def test_run_exit_handlers_runs_registered_handlers():
           'tf_internals.run_exit_handlers()\n'
           "print('after')\n")
   run = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                       text=True, timeout=300)
+                       env=helpers.env_with(), text=True, timeout=300)
   # Run once, now, not again at exit.
   assert run.stdout.splitlines() == ['handler ran', 'after'], run.stderr
 

@@ -295,6 +295,31 @@ def test_a_killed_sweep_skips_finished_trials_and_resumes_the_rest(tmp_path):
   assert [row['status'] for row in rows] == ['finished'] * 3
 
 
+
+@pytest.mark.slow
+def test_a_sigtermed_sweep_stops_its_trials_and_the_same_command_goes_on(
+    tmp_path):
+  trials = hyper.product(hyper.fixed({'num_epochs': 20}),
+                         hyper.sweep('optimizer.learning_rate',
+                                     [0.001, 0.002]))
+  sweep_file, workdir = _write_sweep(tmp_path, trials), tmp_path / 'sweep'
+  first, second = (workdir / name for name in trials_lib.trial_names(trials))
+  runner = helpers.Watched(_sweep_command(sweep_file, workdir))
+  helpers.wait_for_checkpoint(first, runner.process)
+  runner.process.send_signal(signal.SIGTERM)
+  assert runner.wait() == errors.EXIT_PREEMPTED, runner.output[-3000:]
+  assert (f'{first.name}: stopped (exit code {errors.EXIT_PREEMPTED}); the '
+          'same command resumes it') in runner.output, runner.output[-3000:]
+  assert 'FAILED' not in runner.output
+  assert not second.exists()  # Not started after the signal.
+  assert not helpers.processes_mentioning(str(first))
+
+  rerun = helpers.Watched(_sweep_command(sweep_file, workdir))
+  assert rerun.wait() == 0, rerun.output[-3000:]
+  assert 'Restored' in (first / 'log.txt').read_text()
+  rows = _read_csv(workdir / 'results.csv')
+  assert [row['status'] for row in rows] == ['finished'] * 2
+
 def _trained_files(trial_dir):
   """What training wrote: all but the HParams session a report may add."""
   return {name: stamp for name, stamp in helpers.file_stamps(trial_dir).items()

@@ -60,7 +60,7 @@ print(json.dumps({'weights': [float(w) for w in weights.numpy()],
 def _one_overflowing_replica(how: str) -> dict:
   run = subprocess.run([sys.executable, '-c', _ONE_REPLICA_OVERFLOWS, how],
                        capture_output=True, text=True, timeout=300,
-                       cwd=helpers.REPO)
+                       cwd=helpers.REPO, env=helpers.env_with())
   assert run.returncode == 0, run.stderr[-3000:]
   return json.loads(run.stdout.splitlines()[-1])
 

@@ -166,7 +166,7 @@ def test_sigkill_of_one_worker_fails_the_other_fast_and_resumes_bit_identical(
   workers[victim].process.send_signal(signal.SIGKILL)
   survivor = workers[1 - victim]
   assert survivor.wait() == errors.EXIT_PEER_FAILED
-  assert time.monotonic() - killed_at < TIMEOUT_SECONDS + 5
+  assert time.monotonic() - killed_at < TIMEOUT_SECONDS + 20
   assert 'restart every worker' in survivor.output
   workers[victim].wait()
   latest = helpers.latest_checkpoint_step(tmp_path)
@@ -185,7 +185,7 @@ def test_a_hung_worker_fails_the_other_within_the_timeout(tmp_path):
   workers[1].process.send_signal(signal.SIGSTOP)
   try:
     assert workers[0].wait() == errors.EXIT_PEER_FAILED
-    assert time.monotonic() - hung_at < TIMEOUT_SECONDS + 5
+    assert time.monotonic() - hung_at < TIMEOUT_SECONDS + 20
     assert 'Lost the other workers' in workers[0].output
   finally:
     workers[1].kill()
@@ -207,7 +207,7 @@ def test_a_worker_stuck_in_python_fails_both_and_no_thread_is_left_per_step(
     stuck_at = time.monotonic()
     assert workers[0].wait(timeout=TIMEOUT_SECONDS + 60) == (
         errors.EXIT_PEER_FAILED)
-    assert time.monotonic() - stuck_at < TIMEOUT_SECONDS + 5
+    assert time.monotonic() - stuck_at < TIMEOUT_SECONDS + 20
     assert 'Lost the other workers' in workers[0].output
     assert workers[1].wait(timeout=2 * TIMEOUT_SECONDS + 60) == (
         errors.EXIT_PEER_FAILED)
