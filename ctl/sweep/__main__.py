@@ -190,7 +190,7 @@ class _Runner:
                not stops.requested):
           self._start(pending.pop(0))
         stops.forward(self._running)
-        self._collect_exited(stopping=stops.requested)
+        self._collect_exited(stops)
         time.sleep(0.2)
     return stops.requested
 
@@ -204,14 +204,11 @@ class _Runner:
     self._running[process] = (trial, time.monotonic(), log)
     trials_lib.say(f'{trial.name}: started (pid {process.pid})')
 
-  def _collect_exited(self, stopping: bool) -> None:
+  def _collect_exited(self, stops: trials_lib.StopSignals) -> None:
     for process in [p for p in self._running if p.poll() is not None]:
       trial, started, log = self._running.pop(process)
       log.close()
-      # Stopped by the signal passed on (SIGTERM before ctl.main handles
-      # it kills it): the next run resumes it, not the trial's failure.
-      stopped = process.returncode == errors.EXIT_PREEMPTED or (
-          process.returncode and stopping)
+      stopped = stops.stopped(process.returncode)
       error = (trial.error_line() if process.returncode and not stopped
                else None)
       trial.publish_log()

@@ -241,9 +241,7 @@ class Runner:
     if frozen.state.is_finished() or not self._leases.held_by_me(number):
       return  # Another process holds it now (it took it over).
     log = os.path.join(trial.workdir, 'log.txt')
-    if code == errors.EXIT_PREEMPTED or (code and self._stops.requested):
-      # Stopped, with a checkpoint where it had started training (SIGTERM
-      # before ctl.main handles it kills it): not the trial's failure.
+    if self._stops.stopped(code):
       self._leases.release(frozen)
       trials_lib.say(f'{trial.name}: stopped with a checkpoint; any sweep process of '
            'this study resumes it')

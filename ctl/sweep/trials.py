@@ -71,6 +71,13 @@ class StopSignals:
     if self.signum is None:
       self.signum = signum
 
+  def stopped(self, exit_code: int) -> bool:
+    """Whether a trial that exited with exit_code was stopped, not failed:
+    preempted (42), or ended by the signal passed on (SIGTERM before
+    ctl.main handles it kills it). The next run resumes it."""
+    return exit_code == errors.EXIT_PREEMPTED or bool(exit_code and
+                                                      self.requested)
+
   def forward(self, processes) -> None:
     """Once a signal came: says so, once, and sends SIGTERM to each of
     `processes` not sent one yet."""
