@@ -5,6 +5,8 @@ starts its server, `build_strategy` checks TF_CONFIG and waits for every
 peer in Python (ctl/cluster/tf_config.py says why TensorFlow's own wait cannot be
 bounded or interrupted), within `distribution.startup_timeout_seconds`,
 with SIGTERM stopping the wait (exit code 42: nothing was trained).
+TensorFlow's coordination service is then set up with the user's
+timeouts instead of its own (ctl/cluster/coordination.py).
 """
 
 import dataclasses
@@ -17,6 +19,7 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
+from ctl.cluster import coordination
 from ctl.cluster import tf_config as cluster_lib
 from ctl.cluster import rendezvous
 from ctl.cluster import slurm
@@ -155,9 +158,16 @@ def _build_multi_worker(
       raise _preempted_at_start_up()
     logging.info('Every peer has started (after %.1f s): joining the cluster.',
                  time.monotonic() - started)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=_training_resolver(cluster),
-        communication_options=_communication_options(config))
+    resolver = _training_resolver(cluster)
+    register_seconds = coordination.configure(
+        resolver.cluster_spec(), config, started)
+    try:
+      strategy = tf.distribute.MultiWorkerMirroredStrategy(
+          cluster_resolver=resolver,
+          communication_options=_communication_options(config))
+    except tf.errors.OpError as error:
+      raise coordination.not_registered(cluster, timeout, register_seconds,
+                                        error) from error
     # A SIGTERM that came during the (C++) constructor before TensorFlow
     # installed its own handler in there has been recorded by now. One that
     # came after is lost to TensorFlow's flag, which ctl does not read: the
@@ -252,15 +262,15 @@ def leave_together(task: Role, timeout_seconds: float) -> None:
     return
   # The coordination service's barrier and key-value store: TensorFlow's own
   # (tf.distribute's failure handling uses them), with no public API.
-  coordination = tf_internals.coordination_service()
+  service = tf_internals.coordination_service()
   timeout_ms = int(1000 * (timeout_seconds or 24 * 3600))
   try:
-    coordination.wait_at_barrier('ctl/exit', timeout_ms)
+    service.wait_at_barrier('ctl/exit', timeout_ms)
     if task.is_chief:
       for peer in task.peers:
-        coordination.get_config_key_value(f'ctl/left/{peer}', timeout_ms)
+        service.get_config_key_value(f'ctl/left/{peer}', timeout_ms)
     else:
-      coordination.set_config_key_value(f'ctl/left/{task.name}', 'left')
+      service.set_config_key_value(f'ctl/left/{task.name}', 'left')
   except tf.errors.OpError as error:
     logging.warning('Not all workers reached the end together: %s',
                     error.message.strip().splitlines()[0])

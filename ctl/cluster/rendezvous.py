@@ -1,11 +1,12 @@
 """ctl's start-up barrier: every task waits for its peers before TensorFlow does.
 
 TensorFlow waits for every task inside the MultiWorkerMirroredStrategy
-constructor, in C++ code that holds Python's GIL, has no deadline (a
-`cluster_register_timeout_in_ms` of 5 s was still waiting after 60 s on TF
-2.21) and takes SIGTERM with a handler of its own that only sets a flag:
-nothing written in Python, not even another thread, runs until it returns.
-So ctl waits first, in Python, where a deadline and SIGTERM can be acted
+constructor, in C++ code that holds Python's GIL, and takes SIGTERM with
+a handler of its own that only sets a flag: nothing written in Python,
+not even another thread, runs until it returns. Its deadline
+(distribution.py sets it from distribution.startup_timeout_seconds)
+fails a peer that never registers, but SIGTERM cannot end that wait. So
+ctl waits first, in Python, where a deadline and SIGTERM can be acted
 on, and enters TensorFlow's wait only once every peer has arrived, when
 it lasts about as long as the peers take to enter theirs too.
 

@@ -36,6 +36,9 @@ import tensorflow as tf
 from ctl import errors
 from ctl.runtime import tf_internals
 
+# Begins the message of the error an abort gives the waiting collectives
+# (failures.py tells the watchdog's abort from TensorFlow's by it).
+ABORT_MESSAGE = 'ctl: no progress for distribution.timeout_seconds='
 # The longest the watchdog sleeps between two looks.
 _MAX_POLL_SECONDS = 1.0
 
@@ -136,8 +139,7 @@ class Watchdog:
       except Exception as error:  # pylint: disable=broad-except
         logging.error('Could not write the diagnostics: %s', error)
     tf_internals.abort_collectives(
-        'ctl: no progress for distribution.timeout_seconds='
-        f'{self.timeout_seconds:g}')
+        f'{ABORT_MESSAGE}{self.timeout_seconds:g}')
     if self._stopped.wait(self.timeout_seconds):
       return  # The failure reached the training loop: it says what to do.
     print(f'ctl: error: This worker made no progress for '

@@ -130,6 +130,40 @@ def coordination_service():
   return context.context()
 
 
+def configure_coordination_service(cluster_spec: tf.train.ClusterSpec,
+                                   heartbeat_timeout_ms: int,
+                                   register_timeout_ms: int) -> None:
+  """Sets up TensorFlow's coordination service for the next
+  MultiWorkerMirroredStrategy, with these timeouts instead of its own.
+
+  The strategy's constructor configures the service itself only when
+  nothing has (`collective_all_reduce_strategy.py`, `_initialize_multi_
+  worker`), with the same leader and jobs as here, and timeouts of 0,
+  which the service reads as its defaults: a task that sends no heartbeat
+  for 10 s, or whose heartbeat RPC to the leader takes 5 s, fails the job
+  (`coordination_service.cc` kDefaultHeartbeatTimeoutMs,
+  `coordination_service_agent.cc` StartSendingHeartbeats), and a task that
+  never registers is waited for an hour. Registration waits at a barrier
+  (`cluster_register_with_barrier`), so a peer that never registers fails
+  the others within register_timeout_ms. With the service configured, the
+  strategy also leaves out its Python health check (`_check_health`).
+  """
+  from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import multi_worker_util  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  jobs = [coordination_config_pb2.CoordinatedJob(
+      name=job, num_tasks=cluster_spec.num_tasks(job))
+      for job in ('chief', 'worker') if job in cluster_spec.jobs]
+  context.context().configure_coordination_service(
+      service_type='standalone',
+      service_leader=multi_worker_util.coordination_leader(cluster_spec),
+      heartbeat_timeout_in_ms=heartbeat_timeout_ms,
+      cluster_register_timeout_in_ms=register_timeout_ms,
+      coordinated_jobs=jobs)
+  # Not an argument of configure_coordination_service.
+  context.context().coordination_service.cluster_register_with_barrier = True
+
+
 def abort_collectives(message: str) -> None:
   """Fails this process's collectives, those waiting and any later one,
   with DeadlineExceededError: what a collective's own timeout does

@@ -29,7 +29,9 @@ import tensorflow as tf
 from ctl import errors
 from ctl import storage
 from ctl import task as task_lib
+from ctl.cluster import coordination
 from ctl.cluster import distribution
+from ctl.cluster import watchdog
 from ctl.runtime import workdir as workdir_lib
 
 # What a collective raises when a peer is gone or too slow.
@@ -87,13 +89,39 @@ def task_hook(name: str, task_class: type):
 
 def peer_failure(error: Exception, workdir: str,
                  timeout_seconds: float) -> errors.PeerFailure:
+  """The error for a lost peer, naming what noticed it, and when."""
   return errors.PeerFailure(
-      f'Lost the other workers ({type(error).__name__}): a worker died, '
-      'was stopped, or did not respond within '
-      f'distribution.timeout_seconds={timeout_seconds}. Nothing was saved '
-      'after the latest checkpoint in '
-      f'{workdir_lib.checkpoint_dir(workdir)}; restart every worker to '
-      'resume from it.')
+      f'Lost the other workers ({type(error).__name__}): '
+      f'{_how_lost(error, timeout_seconds)}. Nothing was saved after the '
+      f'latest checkpoint in {workdir_lib.checkpoint_dir(workdir)}; restart '
+      'every worker to resume from it.')
+
+
+def _how_lost(error: Exception, timeout_seconds: float) -> str:
+  """Which of the three ways a lost peer is noticed this was.
+
+  This worker's watchdog (ctl/cluster/watchdog.py) aborts its collectives
+  with a message of its own; TensorFlow's coordination service fails every
+  worker's collectives once one sent no heartbeat for its heartbeat
+  timeout (ctl/cluster/coordination.py sets it); anything else is a
+  connection to a peer that broke (a process gone: seconds, not a timeout).
+  """
+  message = str(error)
+  if watchdog.ABORT_MESSAGE in message:
+    return ('this worker made no progress for distribution.timeout_seconds='
+            f'{timeout_seconds:g} (its watchdog ended the wait): another '
+            'worker is stopped or hung, or died unnoticed')
+  if 'heartbeat' in message.lower():
+    heartbeat = coordination.heartbeat_timeout_seconds(timeout_seconds)
+    # Its message names the tasks on lines of their own: one line here.
+    said = ' '.join(message.split())[:300]
+    return ("TensorFlow's coordination service found a worker silent for "
+            f'its heartbeat timeout, {heartbeat:g} s ('
+            f'{coordination.HEARTBEAT_TIMEOUTS} x distribution.timeout_'
+            f'seconds={timeout_seconds:g}): it died, was stopped or is cut '
+            f'off (TensorFlow: {said})')
+  return ('a connection to another worker failed: it died, exited or was '
+          f'killed (TensorFlow: {errors.op_reason(error)[:300]})')
 
 
 def data_sources(task: task_lib.Task | None) -> list:

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from ctl.cluster import tf_config as cluster_lib
 from ctl.cluster import distribution
+from ctl.training import failures
 
 WORKERS = {'worker': ['localhost:1', 'localhost:2']}
 WITH_CHIEF = {'chief': ['localhost:0'], **WORKERS}
@@ -87,3 +88,32 @@ def test_tf_config_without_a_cluster_runs_one_process(monkeypatch, tf_config):
   strategy, task = distribution.build_strategy(_distribution_config())
   assert type(strategy) is type(tf.distribute.get_strategy())  # pylint: disable=unidiomatic-typecheck
   assert task == distribution.Role(None, 0, 1, True)
+
+
+# TensorFlow's own words (coordination_service.cc, CheckHeartbeatTimeout).
+_HEARTBEAT_LOST = (
+    'The following tasks are unhealthy (stopped sending heartbeats):\n'
+    '/job:worker/replica:0/task:1\nThe tasks have crashed. Check the task '
+    'logs for an earlier error, or scheduler events (e.g. preemption, '
+    'eviction) to debug further.')
+
+
+@pytest.mark.parametrize('error, expected', [
+    (tf.errors.DeadlineExceededError(
+        None, None, 'ctl: no progress for distribution.timeout_seconds=60'),
+     'this worker made no progress for distribution.timeout_seconds=60 (its '
+     'watchdog ended the wait)'),
+    (tf.errors.UnavailableError(None, None, _HEARTBEAT_LOST),
+     "TensorFlow's coordination service found a worker silent for its "
+     'heartbeat timeout, 120 s (2 x distribution.timeout_seconds=60): it '
+     'died, was stopped or is cut off (TensorFlow: The following tasks are unhealthy (stopped '
+     'sending heartbeats): /job:worker/replica:0/task:1 '),
+    (tf.errors.UnavailableError(None, None, 'Socket closed'),
+     'a connection to another worker failed: it died, exited or was killed '
+     '(TensorFlow: Socket closed)'),
+], ids=['watchdog', 'heartbeat', 'connection'])
+def test_a_lost_peer_is_explained_by_what_noticed_it_and_its_timeout(
+    error, expected):
+  message = str(failures.peer_failure(error, '/tmp/run', 60.0))
+  assert message.startswith(
+      f'Lost the other workers ({type(error).__name__}): {expected}'), message

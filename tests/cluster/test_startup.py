@@ -528,3 +528,48 @@ def test_a_worker_sigtermed_during_start_up_stops_its_peers_at_once(
       workers[0].output[-3000:])
   line = _assert_one_line(workers[0].output, 'error')
   assert 'worker:1 at ' in line and 'stopped while the cluster formed' in line
+
+
+_JOIN_THEN_WAIT = '''
+import sys, time
+from ctl.cluster import rendezvous, tf_config as cluster
+jobs = {'worker': tuple(sys.argv[2:])}
+rendezvous.wait_for_peers(cluster.Cluster(jobs, 'worker', int(sys.argv[1])),
+                          120, lambda: False)
+print('joining', flush=True)
+time.sleep(3600)  # Killed before it joins TensorFlow's cluster.
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('victim', [0, 1])
+def test_a_peer_killed_as_tensorflows_cluster_forms_stops_the_other(
+    tmp_path, victim):
+  # The peer passes ctl's start-up barrier, then is killed before it
+  # registers with TensorFlow's coordination service (hosted by worker 0):
+  # the other had waited there silently for an hour (TensorFlow's default
+  # registration timeout), past distribution.startup_timeout_seconds.
+  envs = helpers.cluster_envs(2)
+  addresses = json.loads(envs[0]['TF_CONFIG'])['cluster']['worker']
+  survivor = helpers.Watched(helpers.ctl_command(
+      SMOKE, f'--workdir={tmp_path / "workdir"}',
+      '--config.distribution.startup_timeout_seconds=20'),
+                             env=envs[1 - victim])
+  peer = subprocess.Popen(
+      [sys.executable, '-c', _JOIN_THEN_WAIT, str(victim), *addresses],
+      cwd=helpers.REPO, env=helpers.env_with(), stdout=subprocess.PIPE,
+      text=True)
+  try:
+    assert peer.stdout.readline() == 'joining\n'
+    survivor.wait_for('joining the cluster', 120)
+    peer.kill()
+    code = survivor.wait(timeout=20 + 120)
+  finally:
+    peer.kill()
+    peer.wait()
+    survivor.kill()
+  assert code == errors.EXIT_PEER_FAILED, survivor.output[-3000:]
+  line = _assert_one_line(survivor.output, 'error')
+  assert line.startswith('ctl: error: The cluster did not form: every peer '
+                         'had started, but not all registered'), line
+  assert 'distribution.startup_timeout_seconds=20' in line

@@ -1,7 +1,11 @@
 """Several real worker processes on localhost, each with its own TF_CONFIG."""
 
+import signal
+import time
+
 import pytest
 
+from ctl import errors
 import helpers
 
 pytestmark = pytest.mark.slow
@@ -75,3 +79,65 @@ def test_a_batch_that_does_not_divide_across_workers_fails_on_each(tmp_path):
     assert ('config.batch_size=33 does not divide across the 2 replicas'
             in (tmp_path / f'worker{index}.log').read_text())
   assert not workdir.exists()
+
+
+# Longer than TensorFlow's own heartbeat timeout (10 s), which had failed
+# the job (exit 43) whatever distribution.timeout_seconds said, and well
+# within this test's timeout.
+FROZEN_SECONDS = 20
+FROZEN_TIMEOUT_SECONDS = 60
+
+
+@pytest.mark.parametrize('frozen', [[1], [0, 1, 2]], ids=['one', 'all'])
+def test_workers_frozen_for_less_than_the_timeout_cost_time_not_the_job(
+    tmp_path, frozen):
+  # A garbage-collection pause, a slow write, a Slurm suspend of the whole
+  # job: a worker (or all, the chief with TensorFlow's coordination service
+  # among them) stopped for less than distribution.timeout_seconds.
+  args = (*ARGS, f'--workdir={tmp_path}', '--config.num_epochs=4',
+          '--config.batch_size=48', '--config.steps_per_loop=4',
+          '--config.intervals.log_steps=4',
+          f'--config.distribution.timeout_seconds={FROZEN_TIMEOUT_SECONDS}')
+  workers = [helpers.Watched(helpers.ctl_command(*args), env)
+             for env in helpers.cluster_envs(3)]
+  try:
+    workers[1].wait_for(r' step 8/', 300)
+    for index in frozen:
+      workers[index].process.send_signal(signal.SIGSTOP)
+    time.sleep(FROZEN_SECONDS)  # The length of the fault itself.
+    for index in frozen:
+      workers[index].process.send_signal(signal.SIGCONT)
+    codes = [worker.wait(timeout=600) for worker in workers]
+  finally:
+    for worker in workers:
+      worker.process.send_signal(signal.SIGCONT)
+      worker.kill()
+  assert codes == [0, 0, 0], '\n'.join(
+      worker.output[-2000:] for worker in workers)
+  assert 'Results written to' in workers[0].output
+
+
+def test_a_worker_frozen_past_the_timeout_is_named_by_the_watchdog(tmp_path):
+  # Past distribution.timeout_seconds the job fails (exit 43), and the
+  # message names what noticed it with its real timeout: the watchdog, at
+  # the timeout the user set (TensorFlow's heartbeat had fired first, after
+  # its own 10 s, and the message named the user's timeout).
+  args = (*ARGS, f'--workdir={tmp_path}', '--config.num_epochs=200',
+          '--config.steps_per_loop=4', '--config.intervals.log_steps=4',
+          '--config.distribution.timeout_seconds=15')
+  workers = [helpers.Watched(helpers.ctl_command(*args), env)
+             for env in helpers.cluster_envs(2)]
+  try:
+    workers[0].wait_for(r' step 8/', 300)
+    workers[1].process.send_signal(signal.SIGSTOP)
+    code = workers[0].wait(timeout=300)
+  finally:
+    for worker in workers:
+      worker.kill()
+  assert code == errors.EXIT_PEER_FAILED, workers[0].output[-3000:]
+  [line] = [line for line in workers[0].output.splitlines()
+            if line.startswith('ctl: error:')]
+  assert line.startswith(
+      'ctl: error: Lost the other workers (DeadlineExceededError): this '
+      'worker made no progress for distribution.timeout_seconds=15 (its '
+      'watchdog ended the wait)'), line
