@@ -121,10 +121,11 @@ def test_a_worker_frozen_past_the_timeout_is_named_by_the_watchdog(tmp_path):
   # Past distribution.timeout_seconds the job fails (exit 43), and the
   # message names what noticed it with its real timeout: the watchdog, at
   # the timeout the user set (TensorFlow's heartbeat had fired first, after
-  # its own 10 s, and the message named the user's timeout).
+  # its own 10 s, and the message named the user's timeout). 30 s: a loaded
+  # machine's first steps take more than 15.
   args = (*ARGS, f'--workdir={tmp_path}', '--config.num_epochs=200',
           '--config.steps_per_loop=4', '--config.intervals.log_steps=4',
-          '--config.distribution.timeout_seconds=15')
+          '--config.distribution.timeout_seconds=30')
   workers = [helpers.Watched(helpers.ctl_command(*args), env)
              for env in helpers.cluster_envs(2)]
   try:
@@ -139,5 +140,5 @@ def test_a_worker_frozen_past_the_timeout_is_named_by_the_watchdog(tmp_path):
             if line.startswith('ctl: error:')]
   assert line.startswith(
       'ctl: error: Lost the other workers (DeadlineExceededError): this '
-      'worker made no progress for distribution.timeout_seconds=15 (its '
+      'worker made no progress for distribution.timeout_seconds=30 (its '
       'watchdog ended the wait)'), line
