@@ -165,12 +165,11 @@ def test_of_three_workers_only_the_stopped_one_is_named_and_sigusr1_dumps(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('log_steps', [11, 10**6])
-def test_a_worker_at_half_speed_is_named_whatever_the_report_interval(
-    tmp_path, log_steps):
-  # Worker 1 stopped 0.5 s and running 0.5 s, again and again: each report
-  # of 11 steps (0.3-0.6 s) sees it slow or not by turns, and with 10**6
-  # steps between reports none comes at all before it is named.
+def test_a_worker_at_half_speed_is_named_though_no_report_is_slow_in_a_row(
+    tmp_path):
+  # Worker 1 stopped 0.5 s and running 0.5 s, again and again, with a report
+  # every 11 steps (0.3-0.6 s): each report sees it slow or not by turns.
+  log_steps = 11
   workers = [helpers.Watched(helpers.ctl_command(
       *ARGS[:-3], '--config.steps_per_loop=11',
       f'--config.intervals.log_steps={log_steps}',
@@ -188,10 +187,9 @@ def test_a_worker_at_half_speed_is_named_whatever_the_report_interval(
       time.sleep(0.5)
 
   try:
-    chief.wait_for(r'First loop .* done')
     # Nothing while workers are even, over two windows of samples.
     status_file = tmp_path / 'workers' / 'worker-0.json'
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not status_file.exists() or (
         lambda samples: samples[-1][1] - samples[0][1] < 8)(
             json.loads(status_file.read_text()).get('samples') or [[0, 0]]):
@@ -207,9 +205,8 @@ def test_a_worker_at_half_speed_is_named_whatever_the_report_interval(
                            r'compute-bound')
     assert named.groups() == ('1', str(victim.pid))
     reports = len(re.findall(r' step \d+/', chief.output)) - reports_before
-    print(f'named after {reports} reports: {named.group(0)}')
-    if log_steps == 10**6:
-      assert reports == 0
+    print(f'named after {reports} reports: ' + next(
+        line for line in chief.output.splitlines() if 'Straggler:' in line))
     slowed.clear()
     duty.join()
     chief.wait_for(rf'Worker 1 \(\S+, pid {victim.pid}\) is no longer a '
