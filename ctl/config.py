@@ -167,14 +167,14 @@ def base_config() -> ml_collections.ConfigDict:
   config.profile.num_steps = 0
 
   # Seeing into a multi-worker job (README, "Diagnosing a multi-worker
-  # job"). At each report the chief names a worker whose own work in the
-  # steps (CPU time and the time it was kept from running) or whose wait
-  # for its input exceeds straggler_factor times the other workers', over
-  # the last straggler_reports reports, as compute-bound or input-bound,
-  # and names it again when it recovers. 0 straggler_factor: no check.
+  # job"). The chief names a worker whose own work per step (CPU time and
+  # the time it was kept from running) or whose wait for its input per
+  # step exceeds straggler_factor times the other workers' in both halves
+  # of its last straggler_seconds, as compute-bound or input-bound, and
+  # names it again when it recovers. 0 straggler_factor: no check.
   config.diagnostics = ml_collections.ConfigDict()
   config.diagnostics.straggler_factor = 1.5
-  config.diagnostics.straggler_reports = 3
+  config.diagnostics.straggler_seconds = 4.0
 
   config.distribution = ml_collections.ConfigDict()
   # 'auto' picks multi_worker when the cluster resolver describes a

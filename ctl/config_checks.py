@@ -43,7 +43,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_choice(config, 'evaluation.best_mode', BEST_MODES)
   _check_choice(config, 'early_stopping.mode', BEST_MODES)
   for key in ('batch_size', 'accumulate_steps', 'steps_per_loop',
-              'intervals.keep_checkpoints', 'diagnostics.straggler_reports',
+              'intervals.keep_checkpoints',
               'early_stopping.patience', 'rollback.window'):
     _check(config, key, lambda value: value >= 1, 'must be at least 1')
   for key in ('eval_batch_size', 'num_epochs', 'steps_per_epoch',
@@ -57,8 +57,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
               'rollback.factor',
               'profile.num_steps'):
     _check(config, key, lambda value: value >= 0, 'must not be negative')
-  _check(config, 'optimizer.learning_rate', lambda value: value > 0,
-         'must be positive')
+  for key in ('optimizer.learning_rate', 'diagnostics.straggler_seconds'):
+    _check(config, key, lambda value: value > 0, 'must be positive')
   _check(config, 'diagnostics.straggler_factor',
          lambda value: value == 0 or value > 1,
          'must be above 1 (or 0: no straggler check)')

@@ -188,7 +188,7 @@ def _stragglers(workdir, workers, storage, workdir_lib) -> list[str]:
   config = storage.read_json(storage.join(workdir, workdir_lib.CONFIG_FILE))
   section = (config or {}).get('diagnostics') or {}
   check = stragglers.StragglerCheck(section.get('straggler_factor') or 1.5,
-                                    section.get('straggler_reports') or 3)
+                                    section.get('straggler_seconds') or 4.0)
   check.update(dict(workers))
   return ['  stragglers: ' + (', '.join(
       f'worker {index} ({workers[index]["host"]}, pid '

@@ -68,7 +68,8 @@ def render(status: worker_status.WorkerStatus, mine: dict, why: str,
                          f'worker {index}: no status file'))
   stalled = worker_status.stalled_peers(peers, status.worker_index, now)
   lines += ['', 'Stopped making progress: ' +
-            ('; '.join(stalled) if stalled else 'no peer stands out'), '']
+            ('; '.join(stalled) if stalled else
+             'none (no peer\'s own status file singles one out)'), '']
   if error is not None:
     lines += ['The error that ended the run:',
               ''.join(traceback.format_exception(error)).rstrip(), '']
@@ -94,11 +95,7 @@ def name_stalled_peers(failure: errors.PeerFailure,
   dump (written now if the watchdog did not write one)."""
   if status.workdir is None:
     return failure
-  now = time.time()
-  peers = worker_status.read_peers(status.workdir,
-                                   status.snapshot()['num_workers'])
-  peers[status.worker_index] = status.snapshot()
-  stalled = worker_status.stalled_peers(peers, status.worker_index, now)
+  stalled = worker_status.read_and_wait_for_evidence(status)
   if dump is None:
     try:
       dump = write(status, f'TensorFlow reported a lost peer '

@@ -25,6 +25,13 @@ each phase: 'training' (its loops of steps, wall time), 'training_cpu'
 StallMeter), 'input_wait' (its steps waiting for their batches, timed in
 the loop's graph: ctl/cluster/input_wait.py, in jobs of several workers),
 and each action by its name ('checkpoint', 'evaluate', ...).
+
+In jobs of several workers it also holds `samples`: at the end of a loop of
+steps, at most every SAMPLE_SECONDS, the step and this worker's running
+totals (its loops' wall time, their CPU time, its stalls, its input wait).
+The chief's straggler check (ctl/cluster/stragglers.py) compares the
+workers' time per step over the last seconds of them, whatever the report
+interval.
 """
 
 from collections.abc import Callable
@@ -52,6 +59,9 @@ REPORTS_KEPT = 32
 # The longest time between two writes of a live worker.
 MAX_HEARTBEAT_SECONDS = 10.0
 
+# The phases of a loop of steps (the others are actions).
+_LOOP_PHASES = ('first step', 'training')
+
 # Phases whose start is written at once (the others wait for the heartbeat).
 _WRITTEN_PHASES = ('training', 'evaluate', 'checkpoint')
 
@@ -59,6 +69,11 @@ _WRITTEN_PHASES = ('training', 'evaluate', 'checkpoint')
 # (the digits job reports every 11 steps, 10 times a second) are written
 # together, so the writer costs the same whatever the report interval.
 MIN_WRITE_SECONDS = 1.0
+
+# The shortest time between two samples, and how many a file keeps: the
+# last 16 s at least, for the straggler check's window.
+SAMPLE_SECONDS = 0.5
+SAMPLES_KEPT = 32
 
 # How long the end of a run waits for its last write (a store that does not
 # answer must not hold the exit).
@@ -112,10 +127,16 @@ class WorkerStatus:
         'timeout_seconds': timeout_seconds,
         'heartbeat_seconds': heartbeat_seconds(timeout_seconds),
         'started': time.time(), 'state': RUNNING, 'phase': 'start-up',
+        'phase_time': time.time(),
         'step': None, 'reason': None, 'exit_code': None,
     }
     self._seconds = collections.defaultdict(float)  # Since the last report.
     self._reports = collections.deque(maxlen=REPORTS_KEPT)
+    # Running totals since training started, sampled (jobs of several
+    # workers): [step, time, loops, loops' CPU, stalled, input wait].
+    self._totals = collections.defaultdict(float)
+    self._samples = (collections.deque(maxlen=SAMPLES_KEPT)
+                     if num_workers > 1 else None)
     self.input_wait = input_wait
     self._input_wait_before = 0.0  # Its seconds at the last report.
     self._lock = threading.Lock()
@@ -148,7 +169,7 @@ class WorkerStatus:
     name); with `step`, the step reached when it ends."""
     with self._lock:
       if not (name == 'training' and self._fields['phase'] == 'first step'):
-        self._fields['phase'] = name
+        self._set_phase(name)
     if name in _WRITTEN_PHASES and name != 'training':
       self._wake.set()
     wall, cpu = time.monotonic(), time.process_time()
@@ -161,10 +182,40 @@ class WorkerStatus:
         if name == 'training':
           self._seconds['training_cpu'] += cpu
           if self._fields['phase'] == 'first step':
-            self._fields['phase'] = 'training'
+            self._set_phase('training')
             self._wake.set()
         if step is not None:
           self._fields['step'] = step
+      if name == 'training':
+        self._sample(wall, cpu)
+
+  def _set_phase(self, name: str) -> None:
+    """The phase now, and since when (under the lock)."""
+    if self._fields['phase'] != name:
+      self._fields['phase'], self._fields['phase_time'] = name, time.time()
+
+  def _sample(self, wall: float, cpu: float) -> None:
+    """After a loop: adds it to the running totals, and samples them at
+    most every SAMPLE_SECONDS (jobs of several workers)."""
+    if self._samples is None:
+      return
+    self._totals['training'] += wall
+    self._totals['training_cpu'] += cpu
+    now = time.time()
+    if self._samples and now - self._samples[-1][1] < SAMPLE_SECONDS:
+      return
+    stalled = self._stalls.seconds() if self._stalls else 0.0
+    # A read of a local variable between loops: about 20 microseconds.
+    waited = (self.input_wait.seconds()
+              if self.input_wait is not None else 0.0)
+    with self._lock:
+      self._samples.append([
+          self._fields['step'], round(now, 3),
+          round(self._totals['training'], 6),
+          round(self._totals['training_cpu'], 6), round(stalled, 6),
+          round(waited, 6)])
+      self._reported = True  # New numbers for the chief's check.
+    self._wake.set()
 
   def report(self, event) -> None:
     """The `worker-status` action: this report's timings, written."""
@@ -198,8 +249,8 @@ class WorkerStatus:
     with self._lock:
       if self._fields['state'] != RUNNING:
         return  # The first end is the one that counts.
-      self._fields.update(state=state, reason=reason, exit_code=exit_code,
-                          phase=state)
+      self._fields.update(state=state, reason=reason, exit_code=exit_code)
+      self._set_phase(state)
     if self._thread is None:
       return
     self._ended.set()
@@ -232,6 +283,8 @@ class WorkerStatus:
     with self._lock:
       fields = dict(self._fields)
       fields['reports'] = list(self._reports)
+      if self._samples is not None:
+        fields['samples'] = list(self._samples)
     steps_per_epoch = fields.get('steps_per_epoch')
     if fields['step'] is not None and steps_per_epoch:
       fields['epoch'] = max(1, -(-fields['step'] // steps_per_epoch))
@@ -315,15 +368,20 @@ def describe(status: dict, now: float) -> str:
 
 def stalled_peers(peers: dict[int, dict | None], me: int,
                   now: float) -> list[str]:
-  """The peers that stopped making progress, each with why it is named.
+  """The peers that stopped making progress, each with the evidence about
+  it; [] when no peer's own file singles one out.
 
-  In order of evidence: no status at all, a run that ended, a file that
-  stopped changing (the process is stopped, dead or cut off: its writer
-  thread is silent), a step behind this worker's; failing those, a phase
-  other than this worker's.
+  Only evidence about that peer names it: no file at all, a run that
+  ended other than by losing its peers (exit code 43 is a bystander's), a
+  process that this machine sees stopped or gone (a peer on the same
+  host), a file that stopped changing for two heartbeats (its writer
+  thread is silent: the process is stopped, dead or cut off), or an action
+  other than this worker's phase that it had been in for two heartbeats
+  when it last wrote (stuck in it). A step behind or another phase in a
+  file of a moment ago is no evidence: a healthy worker's file lags its
+  loop by up to a heartbeat.
   """
-  mine = peers.get(me) or {}
-  my_step = mine.get('step')
+  my_phase = (peers.get(me) or {}).get('phase')
   named = []
   for index, status in sorted(peers.items()):
     if index == me:
@@ -331,19 +389,75 @@ def stalled_peers(peers: dict[int, dict | None], me: int,
     if status is None:
       named.append(f'worker {index}: wrote no status (it never started '
                    'training)')
-    elif status['state'] != RUNNING:
-      named.append(f'{describe(status, now)}; it ended: {status["reason"]}')
-    elif now - status['time'] > 2 * status['heartbeat_seconds']:
-      named.append(f'{describe(status, now)}: its status stopped changing '
-                   '(stopped, dead or unreachable)')
-    elif (my_step is not None and status.get('step') is not None and
-          status['step'] < my_step):
-      named.append(f'{describe(status, now)}: behind this worker\'s step '
-                   f'{my_step}')
-  if named:
-    return named
-  return [f'{describe(status, now)}: in another phase than this worker\'s '
-          f'({mine.get("phase")})'
-          for index, status in sorted(peers.items())
-          if index != me and status is not None and
-          status['phase'] != mine.get('phase')]
+      continue
+    why = _evidence(status, my_phase, now)
+    if why:
+      named.append(f'{describe(status, now)}: {why}')
+  return named
+
+
+def _evidence(status: dict, my_phase: str | None, now: float) -> str | None:
+  """What a running or ended peer's file says against it, if anything."""
+  heartbeat = status['heartbeat_seconds']
+  if status['state'] != RUNNING:
+    if status.get('exit_code') == errors.EXIT_PEER_FAILED:
+      return None  # It lost its peers, as this worker did.
+    return f'it ended: {status["reason"]}'
+  seen = _process_here(status)
+  if seen:
+    return seen
+  if now - status['time'] > 2 * heartbeat:
+    return 'its status stopped changing (stopped, dead or unreachable)'
+  in_phase = status['time'] - status.get('phase_time', status['time'])
+  if (status['phase'] not in _LOOP_PHASES and status['phase'] != my_phase and
+      in_phase > 2 * heartbeat):
+    return (f'in phase {status["phase"]} for {in_phase:.0f} s when it last '
+            f'wrote, not in this worker\'s ({my_phase})')
+  return None
+
+
+def _process_here(status: dict) -> str | None:
+  """What this machine says of a peer's process when it runs here (Linux's
+  /proc): stopped, or gone; None when it runs, or elsewhere."""
+  if (status.get('host') != socket.gethostname() or
+      not os.path.isdir('/proc/self')):
+    return None
+  try:
+    with open(f'/proc/{status["pid"]}/stat', encoding='ascii') as stat:
+      fields = stat.read().rsplit(')', 1)[1].split()
+    with open('/proc/stat', encoding='ascii') as machine:
+      booted = next(int(line.split()[1]) for line in machine
+                    if line.startswith('btime '))
+  except (OSError, ValueError, IndexError, StopIteration):
+    return 'its process is gone' if not os.path.exists(
+        f'/proc/{status["pid"]}') else None
+  state, start_ticks = fields[0], int(fields[19])
+  started = booted + start_ticks / os.sysconf('SC_CLK_TCK')
+  if state in 'ZX' or started > status['started'] + 1:
+    return 'its process is gone'  # A zombie, or its pid is another's now.
+  if state in 'Tt':
+    return 'its process is stopped (SIGSTOP, or a debugger)'
+  return None
+
+
+def read_and_wait_for_evidence(status: WorkerStatus) -> list[str]:
+  """The stalled peers (stalled_peers), once the files can tell: a peer
+  that stopped just before this worker's error (TensorFlow may report a
+  lost peer before its file is two heartbeats old) is named once it is;
+  a live one rewrites its file, a bystander ends. Waits two heartbeats
+  and a write at most."""
+  since = time.time()
+  heartbeat = status.snapshot()['heartbeat_seconds']
+  deadline = since + 2 * heartbeat + MIN_WRITE_SECONDS + 1
+  while True:
+    now = time.time()
+    mine = status.snapshot()
+    peers = read_peers(status.workdir, mine['num_workers'])
+    peers[status.worker_index] = mine
+    stalled = stalled_peers(peers, status.worker_index, now)
+    undecided = [peer for index, peer in peers.items()
+                 if index != status.worker_index and peer is not None and
+                 peer['state'] == RUNNING and peer['time'] < since]
+    if stalled or not undecided or now > deadline:
+      return stalled
+    time.sleep(0.2)
