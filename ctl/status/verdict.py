@@ -36,7 +36,7 @@ _EXIT_PEER_FAILED = 43
 
 def condition(status: dict, now: float) -> tuple[str, str | None]:
   """(what a worker is: its file's state, or 'gone', 'stopped by a
-  signal', 'silent', 'no progress'; a clause saying why, if not plain)."""
+  signal', 'silent', 'stalled'; a clause saying why, if not plain)."""
   if status['state'] != worker_status.RUNNING:
     return status['state'], None
   process = processes.state(status['host'], status['pid'],
@@ -54,7 +54,7 @@ def condition(status: dict, now: float) -> tuple[str, str | None]:
                       '(stopped, dead or cut off)')
   limit = status.get('timeout_seconds') or _DEFAULT_HANG_SECONDS
   if now - status['progress_time'] > limit:
-    return 'no progress', (
+    return 'stalled', (
         f'it made no progress for {age(now - status["progress_time"])}, '
         f'over its timeout of {limit:g} s')
   return RUNNING, None
