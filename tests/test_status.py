@@ -204,6 +204,13 @@ def test_each_worker_judged_by_the_evidence(finished, tmp_path):
   assert (f'{workdir}: FAILED: worker 0 ({socket.gethostname()}, pid '
           f'{gone.pid}) is gone: its process no longer exists') in shown
   assert re.search(rf'worker 0 \S+ pid {gone.pid}: gone, ', shown), shown
+  # A pid now another process's (this one, which began after `started`).
+  _running(workdir, started=time.time() - 10**6)
+  assert ': FAILED: worker 0 ' in answer(workdir)
+  # A reason of lone surrogates (valid JSON) is shown, not raised on.
+  _running(workdir, state='failed', exit_code=1, reason='\ud800')
+  assert ('FAILED: worker 0 exited with code 1: \\ud800'
+          in answer(workdir))
   # On another host: silent for 3 heartbeats; fresh but without progress.
   _running(workdir, host='elsewhere', time=time.time() - 100,
            heartbeat_seconds=10)

@@ -4,7 +4,6 @@
 Exit codes: 0 when it could read the workdir, 2 when it holds no ctl run.
 """
 
-import os
 import signal
 import sys
 import threading
@@ -55,7 +54,11 @@ def main(argv: list[str]) -> None:
 
 def _printable(text: str) -> str:
   """Text whose undecodable bytes (a path's) read as \\x escapes."""
-  return os.fsencode(text).decode('utf-8', 'backslashreplace')
+  try:
+    return text.encode('utf-8', 'surrogateescape').decode(
+        'utf-8', 'backslashreplace')
+  except UnicodeEncodeError:  # Other lone surrogates (a file's JSON).
+    return text  # The streams show them as escapes.
 
 
 def _fail_usage(message: str) -> None:

@@ -60,17 +60,18 @@ def condition(status: dict, now: float) -> tuple[str, str | None]:
   return RUNNING, None
 
 
-def run_state(workers: dict[int, dict], results: dict | None,
-              now: float) -> tuple[str, str]:
+def run_state(workers: dict[int, dict],
+              conditions: dict[int, tuple[str, str | None]],
+              results: dict | None) -> tuple[str, str]:
   """The run's state and a line saying why, from the latest job's
-  workers' statuses (else results.json)."""
+  workers' statuses and their `condition`s (else results.json)."""
   if not workers:
     if results is not None:
       return FINISHED, 'training finished (results.json)'
     return NOT_STARTED, ('no worker has started training (still starting, '
                          'or it ended before its first step)')
-  judged = [(status, *condition(status, now))
-            for _, status in sorted(workers.items())]
+  judged = [(status, *conditions[index])
+            for index, status in sorted(workers.items())]
   failed = ([_ended(status) for status, what, _ in judged
              if what == FAILED and status['exit_code'] != _EXIT_PEER_FAILED]
             + [f'{who(status)} is gone: {why}'
@@ -101,6 +102,9 @@ def who(status: dict) -> str:
 
 
 def _ended(status: dict) -> str:
+  """How a worker ended, by its file."""
+  if status['exit_code'] is None:
+    return f'worker {status["worker"]} {status["state"]}: {status["reason"]}'
   return (f'worker {status["worker"]} exited with code '
           f'{status["exit_code"]}: {status["reason"]}')
 

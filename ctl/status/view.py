@@ -21,13 +21,16 @@ def render(workdir: str, now: float | None = None) -> str:
         f'{workdir} is not a ctl workdir: it has no workers/worker-<i>.json, '
         'results.json, checkpoints/checkpoint or config.json of a ctl run. '
         'Pass the --workdir of a training run.')
-  state, why = verdict.run_state(found.workers, found.results, now)
+  # Each worker judged once: its process may end between two looks.
+  conditions = {index: verdict.condition(status, now)
+                for index, status in found.workers.items()}
+  state, why = verdict.run_state(found.workers, conditions, found.results)
   if state == verdict.NOT_STARTED and found.problems:
     state, why = verdict.UNKNOWN, found.problems.pop(0)
   lines = [f'{workdir}: {state.upper()}: {why}']
   lines += _progress(found, now, state)
   lines += _checkpoints(found, now)
-  lines += _workers(found.workers, now)
+  lines += _workers(found.workers, conditions, now)
   lines += _stragglers(found)
   lines += _diagnostics(found, now)
   lines += [f'  unreadable: {problem}' for problem in found.problems]
@@ -86,7 +89,9 @@ def _checkpoints(found: evidence_lib.Evidence, now: float) -> list[str]:
   return lines
 
 
-def _workers(workers: dict[int, dict], now: float) -> list[str]:
+def _workers(workers: dict[int, dict],
+             conditions: dict[int, tuple[str, str | None]],
+             now: float) -> list[str]:
   """A line per worker: what it is, where, and how fast it went."""
   if not workers:
     return []
@@ -95,9 +100,9 @@ def _workers(workers: dict[int, dict], now: float) -> list[str]:
   for index in range(size):
     status = workers.get(index)
     if status is None:
-      lines.append(f'    worker {index}: no status file')
+      lines.append(f'    worker {index}: no readable status file')
       continue
-    what, _ = verdict.condition(status, now)
+    what, _ = conditions[index]
     if what in (verdict.FAILED, verdict.STOPPED) and status['exit_code']:
       what = f'{what} (exit code {status["exit_code"]})'
     report = (status.get('reports') or [{}])[-1]
