@@ -235,7 +235,7 @@ def test_not_a_workdir(tmp_path):
   # A path that is not UTF-8, shown with its escape.
   line = answer(os.fsdecode(bytes(tmp_path) + b'/x\xff'), errors.EXIT_USAGE)
   assert line.startswith(f'ctl: error: {tmp_path}/x\\xff is not a ctl '
-                         'workdir'), line
+                         'workdir: no such folder, so no '), line
 
 
 def _status_until(workdir, pattern: str, timeout: float = 180) -> str:

@@ -50,14 +50,16 @@ class Evidence:
   diagnostics: list[tuple[float, str]]  # (written, path), oldest first.
   config: dict | None
   is_run: bool  # Any file of a ctl run at all, damaged or not.
+  is_folder: bool  # Whether the workdir is a folder at all.
   problems: list[str]
 
 
 def read(workdir: str) -> Evidence:
   """The evidence of workdir (nothing raised for a damaged file)."""
   problems = []
-  # The checkpoint before the workers' files: a save that lands between
-  # the reads is then older than what the workers say.
+  # The checkpoint first: a save that lands between the reads is older
+  # than what the workers then say (ctl/status/view.py shows the later
+  # step, as a worker's file may lag a save by its writer's pause).
   checkpoint_state, checkpoint = _checkpoint(workdir, problems)
   workers, worker_files = _workers(workdir, problems)
   results = _json(workdir_lib.results_path(workdir), problems,
@@ -71,6 +73,7 @@ def read(workdir: str) -> Evidence:
       is_run=bool(worker_files or checkpoint_state or config or
                   _attempt(lambda: storage.exists(
                       workdir_lib.results_path(workdir)), [])),
+      is_folder=bool(_attempt(lambda: storage.isdir(workdir), [])),
       problems=problems)
 
 
