@@ -1,7 +1,10 @@
 """File access for workdirs and data: local paths, and any URL that
 TensorFlow's filesystems understand (gs://, s3:// with tensorflow-io, ...).
 
-The one module of ctl that touches the filesystem. Local paths keep what
+The one module of ctl that touches the filesystem. TensorFlow is
+imported only for what needs it: plain local paths (no scheme) are read
+with Python's own calls, so a reader of a local workdir (ctl.status)
+never loads it. Local paths keep what
 they had (an atomic rename, hard links); on an object store, where a
 directory cannot be renamed nor a file linked, each whole file is one
 upload, which the store makes visible all at once, and a folder that must
@@ -19,7 +22,24 @@ import os
 import shutil
 import socket
 
-import tensorflow as tf
+
+def _gfile():
+  """tf.io.gfile, TensorFlow imported at its first use: reading a local
+  workdir (ctl.status) needs none, and the import takes seconds."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
+def _tf_errors():
+  """tf.errors (TensorFlow imported at its first use)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.errors
+
+
+def _is_plain(path: str) -> bool:
+  """Whether path is a plain local one (no scheme), which Python's own
+  calls read without TensorFlow."""
+  return '://' not in path
 
 
 def is_local(path: str) -> bool:
@@ -38,52 +58,60 @@ def join(path: str, *parts: str) -> str:
 
 
 def exists(path: str) -> bool:
-  return tf.io.gfile.exists(path)
+  if _is_plain(path):
+    return os.path.exists(path)
+  return _gfile().exists(path)
 
 
 def isdir(path: str) -> bool:
-  return tf.io.gfile.isdir(path)
+  if _is_plain(path):
+    return os.path.isdir(path)
+  return _gfile().isdir(path)
 
 
 def makedirs(path: str) -> None:
-  tf.io.gfile.makedirs(path)
+  _gfile().makedirs(path)
 
 
 def listdir(path: str) -> list[str]:
   """Names in a folder (without a trailing '/' for sub-folders)."""
-  return [name.rstrip('/') for name in tf.io.gfile.listdir(path)]
+  if _is_plain(path):
+    return os.listdir(path)
+  return [name.rstrip('/') for name in _gfile().listdir(path)]
 
 
 def glob(pattern: str) -> list[str]:
-  return tf.io.gfile.glob(pattern)
+  return _gfile().glob(pattern)
 
 
 def size(path: str) -> int:
-  return tf.io.gfile.stat(path).length
+  return _gfile().stat(path).length
 
 
 def modified_time(path: str) -> float:
   """When a file was last written (seconds since the epoch)."""
-  return tf.io.gfile.stat(path).mtime_nsec / 1e9
+  if _is_plain(path):
+    return os.stat(path).st_mtime_ns / 1e9
+  return _gfile().stat(path).mtime_nsec / 1e9
 
 
 def remove(path: str) -> None:
   """Removes a file, or a folder and all it holds; nothing if it is gone."""
   try:
-    if tf.io.gfile.isdir(path):
+    if _gfile().isdir(path):
       if is_local(path):
         shutil.rmtree(path, ignore_errors=True)
       else:
-        tf.io.gfile.rmtree(path)
+        _gfile().rmtree(path)
     else:
-      tf.io.gfile.remove(path)
-  except tf.errors.NotFoundError:
+      _gfile().remove(path)
+  except _tf_errors().NotFoundError:
     pass
 
 
 def copy(source: str, destination: str) -> None:
   """Copies a file, replacing destination."""
-  tf.io.gfile.copy(source, destination, overwrite=True)
+  _gfile().copy(source, destination, overwrite=True)
 
 
 def link_or_copy(source: str, destination: str) -> None:
@@ -111,22 +139,28 @@ def link_or_copy(source: str, destination: str) -> None:
 def rename(source: str, destination: str) -> None:
   """Renames a file, replacing destination (on an object store: a copy,
   then the source deleted)."""
-  tf.io.gfile.rename(source, destination, overwrite=True)
+  _gfile().rename(source, destination, overwrite=True)
 
 
 def open_binary(path: str):
   """A file opened for reading bytes (seekable)."""
-  return tf.io.gfile.GFile(path, 'rb')
+  return _gfile().GFile(path, 'rb')
 
 
 def read_text(path: str) -> str | None:
   """A file's text, or None when it does not exist."""
+  if _is_plain(path):
+    try:
+      with open(path, encoding='utf-8') as file:
+        return file.read()
+    except (FileNotFoundError, NotADirectoryError):  # Not a folder: a file.
+      return None
   try:
-    with tf.io.gfile.GFile(path) as file:
+    with _gfile().GFile(path) as file:
       return file.read()
-  except tf.errors.NotFoundError:
+  except _tf_errors().NotFoundError:
     return None
-  except tf.errors.FailedPreconditionError as error:
+  except _tf_errors().FailedPreconditionError as error:
     if 'Not a directory' in str(error):  # A file where a folder would be.
       return None
     raise
@@ -152,7 +186,7 @@ def write_text(path: str, text: str) -> None:
   file is one upload, which appears whole or not at all.
   """
   if not is_local(path):
-    with tf.io.gfile.GFile(path, 'w') as file:
+    with _gfile().GFile(path, 'w') as file:
       file.write(text)
     return
   temporary = f'{path}.tmp-{socket.gethostname()}-{os.getpid()}'
@@ -163,7 +197,7 @@ def write_text(path: str, text: str) -> None:
 
 def write_bytes(path: str, data: bytes) -> None:
   """Writes a file (one upload on an object store)."""
-  with tf.io.gfile.GFile(path, 'wb') as file:
+  with _gfile().GFile(path, 'wb') as file:
     file.write(data)
 
 
@@ -206,7 +240,7 @@ def publish_folder(staging: str, final: str, marker: str) -> None:
     return
   remove(join(final, marker))
   remove(final)
-  for directory, _, files in tf.io.gfile.walk(staging):
+  for directory, _, files in _gfile().walk(staging):
     relative = os.path.relpath(directory, staging)
     target = final if relative == '.' else join(final, relative)
     makedirs(target)

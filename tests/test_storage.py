@@ -71,6 +71,9 @@ _ALLOWED = {
     # A flock of a local workdir, and who holds it from /proc.
     'ctl/runtime/workdir.py': ('os.path.isdir', 'os.stat', "open('/proc",
                                "open(f'/proc"),
+    # Whether a worker's process of this host exists, from /proc (ctl.status).
+    'ctl/status/processes.py': ("os.path.exists('/proc", "open('/proc",
+                                "open(f'/proc"),
     # The process's own CPU time.
     'ctl/training/speed.py': ("open('/proc",),
     # A trial's output file: a process writes it, so it is local by

@@ -31,7 +31,6 @@ import time
 
 from absl import logging
 import ml_collections
-import tensorflow as tf
 
 from ctl import config_checks
 from ctl import errors
@@ -240,6 +239,8 @@ def is_alive(pid: int) -> bool:
 
 def prepare(workdir: str) -> None:
   """Creates the workdir, or fails with a clear message if it cannot be written."""
+  # Here, not at the top: ctl.status reads paths of this module without it.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
     storage.makedirs(workdir)
     probe = os.path.join(workdir, f'.write-test-{os.getpid()}')

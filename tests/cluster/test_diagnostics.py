@@ -302,7 +302,8 @@ def test_status_of_a_sigtermed_then_finished_run_and_of_no_run(tmp_path):
 
   nothing = ctl_status(tmp_path / 'nothing')
   assert nothing.returncode == errors.EXIT_USAGE
-  assert nothing.stderr.startswith('ctl: error: No run in ')
+  assert nothing.stderr.startswith(
+      f'ctl: error: {tmp_path / "nothing"} is not a ctl workdir')
 
 
 def _csv_values(path) -> dict[str, list[tuple[int, float]]]:
