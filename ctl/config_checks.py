@@ -72,6 +72,33 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise errors.ConfigError(
         'Set num_epochs or total_steps: both are 0, so there is nothing to '
         'train.')
+  check_run_length(config, config.get('steps_per_epoch') or 1)
+
+
+# TensorFlow counts steps and numbers examples in 64-bit integers.
+INT64_MAX = 2**63 - 1
+
+
+def check_run_length(config: ml_collections.ConfigDict,
+                     steps_per_epoch: int) -> None:
+  """Raises ConfigError when the run's steps or examples do not fit in
+  int64 (TensorFlow's step counter and example numbers would overflow).
+
+  Args:
+    config: the whole config (num_epochs, total_steps, batch_size).
+    steps_per_epoch: the epoch's length, as far as it is known (from the
+      data, or at least 1 before it is read).
+  """
+  batch_size = config.get('batch_size') or 1
+  total_steps = (config.get('total_steps') or
+                 (config.get('num_epochs') or 0) * steps_per_epoch)
+  for steps, what in ((steps_per_epoch, 'an epoch'), (total_steps, 'the run')):
+    if steps * batch_size > INT64_MAX:
+      raise errors.ConfigError(
+          f'{what.capitalize()} would take {steps} steps of '
+          f'config.batch_size={batch_size} examples: more than the '
+          f'{INT64_MAX} examples TensorFlow can number (int64). Lower '
+          'config.num_epochs, config.total_steps or config.steps_per_epoch.')
 
 
 def check_type(config: Any) -> None:

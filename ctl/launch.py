@@ -235,14 +235,17 @@ class _Job:
   def _wait(self) -> list[int]:
     """Waits for every worker; kills the rest some time after one fails."""
     first_failure = None
+    killed = False
     while True:
       codes = [process.poll() for process in self._processes]
       if all(code is not None for code in codes):
         return codes
       if first_failure is None and any(code for code in codes):
         first_failure = time.monotonic()
-      if (first_failure is not None and
+      # Once: the killed take a moment to be gone, and this loop goes on.
+      if (first_failure is not None and not killed and
           time.monotonic() - first_failure > _STOP_GRACE_SECS.value):
+        killed = True
         self._console.say(f'attempt {self._attempt}: killing workers that '
                           f'did not stop within {_STOP_GRACE_SECS.value} s')
         self.signal_all(signal.SIGKILL)

@@ -1,6 +1,7 @@
 """The launcher's decisions, and a launch that a restart cannot fix."""
 
 import json
+import os
 import signal
 import time
 
@@ -81,3 +82,24 @@ def test_a_second_ctrl_c_stops_the_workers_at_once_with_130(tmp_path):
     launcher.kill()
   assert 'Ctrl-C twice: stopped at once, without saving' in launcher.output
   assert not helpers.processes_mentioning(workdir)
+
+
+@pytest.mark.slow
+def test_workers_left_after_the_grace_are_killed_with_one_line(tmp_path):
+  # Its loop once said so again every 0.1 s until the killed were gone:
+  # three lines in a row.
+  workdir = str(tmp_path / 'job')
+  launcher = helpers.Watched([
+      *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2',
+      '--stop_grace_secs=0', '--max_restarts=0', '--',
+      f'--config={helpers.DIGITS}', f'--workdir={workdir}',
+      '--config.num_epochs=50'])
+  try:
+    pids = json.loads(launcher.wait_for(
+        r'started workers with pids (\[.*\])').group(1))
+    launcher.wait_for(r'\[worker 0\] .*step \d+/')
+    os.kill(pids[1], signal.SIGKILL)
+    assert launcher.wait() == 43, launcher.output[-3000:]
+  finally:
+    launcher.kill()
+  assert launcher.output.count('killing workers') == 1, launcher.output[-3000:]

@@ -119,7 +119,7 @@ class Reporter(actions_lib.Action):
         step, self._length.total_steps, epoch, self._length.num_epochs,
         step_in_epoch, self._length.steps_per_epoch,
         summaries.format_scalars(scalars),
-        datetime.timedelta(seconds=round(eta)) if eta is not None else '?')
+        eta_text(eta))
     live = progress.live_stream()
     if live and step_in_epoch != self._length.steps_per_epoch and not (
         event.end):
@@ -129,3 +129,15 @@ class Reporter(actions_lib.Action):
       live.show('')
     logging.info('%s', line)
 
+
+def eta_text(seconds: float | None) -> str:
+  """The time left as H:MM:SS (or 'N days, H:MM:SS'); '?' when unknown, and
+  a bound past what a timedelta holds (a run of billions of years)."""
+  if seconds is None:
+    return '?'
+  if not seconds < _LONGEST_ETA.total_seconds():  # Also inf and nan.
+    return f'over {_LONGEST_ETA.days} days'
+  return str(datetime.timedelta(seconds=round(max(seconds, 0))))
+
+
+_LONGEST_ETA = datetime.timedelta(days=999_999_999)

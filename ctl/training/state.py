@@ -9,6 +9,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from ctl import config_checks
 from ctl import errors
 from ctl import task as task_lib
 
@@ -159,7 +160,12 @@ def _first(counts: list[int]) -> str:
 
 def training_length(config: ml_collections.ConfigDict,
                     steps_per_epoch: int) -> TrainingLength:
-  """Resolves the 0-means-default fields, given the data's epoch length."""
+  """Resolves the 0-means-default fields, given the data's epoch length.
+
+  Raises:
+    ConfigError: the run's steps or examples do not fit in int64.
+  """
+  config_checks.check_run_length(config, steps_per_epoch)
   total_steps = config.total_steps or config.num_epochs * steps_per_epoch
   return TrainingLength(config.batch_size,
                         config.eval_batch_size or config.batch_size,

@@ -73,3 +73,41 @@ def test_a_long_run_starts_in_the_memory_of_a_short_one_and_answers_sigterm(
   print(f'Peak resident memory of each run: {peaks}')
   for name, peak in peaks.items():
     assert peak < _MEMORY_FACTOR * peaks['short'], (name, peaks)
+
+
+@pytest.mark.parametrize('override', [
+    f'total_steps={2**63 - 1}', f'steps_per_epoch={2**63 - 1}',
+    f'steps_per_epoch={10**18}', f'num_epochs={3 * 10**17}',
+    f'num_epochs={2 * 10**63}',
+    f'num_epochs={2 * 10**17}',  # Only too long with the data's 44 steps.
+])
+def test_a_run_whose_examples_overflow_int64_is_refused_at_start(
+    tmp_path, override):
+  # Each once trained, then crashed at its first log line, its data's
+  # pipeline (End of sequence) or an OverflowError, after writing the
+  # workdir.
+  workdir = tmp_path / 'w'
+  done = helpers.run_ctl(f'--config={helpers.DIGITS}:smoke',
+                         f'--workdir={workdir}', f'--config.{override}')
+  output = done.stdout + done.stderr
+  assert done.returncode == 2, output[-3000:]
+  errors = [line for line in output.splitlines()
+            if line.startswith('ctl: error:')]
+  assert len(errors) == 1 and 'int64' in errors[0], output[-3000:]
+  assert 'Traceback' not in output
+  assert not workdir.exists() or not [
+      path for path in workdir.rglob('*') if path.is_file()], output[-3000:]
+
+
+def test_the_eta_of_a_run_longer_than_a_timedelta_is_logged(tmp_path):
+  # 10**17 steps of 32 examples fit in int64, but not their time left in
+  # a datetime.timedelta: the first log line once raised OverflowError.
+  job = helpers.Watched(helpers.ctl_command(
+      f'--config={helpers.DIGITS}:smoke', f'--workdir={tmp_path / "w"}',
+      f'--config.total_steps={10**17}', '--config.intervals.log_steps=5'))
+  try:
+    job.wait_for(r'step \d+/100000000000000000 .* ETA over 999999999 days')
+    job.process.send_signal(signal.SIGTERM)
+    assert job.wait() == 42, job.output[-3000:]
+  finally:
+    job.kill()
