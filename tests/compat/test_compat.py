@@ -57,6 +57,23 @@ def test_a_task_with_the_0_1_0_eval_end_trains_warned_once(tmp_path):
   assert (workdir / 'export' / 'export.json').exists()
 
 
+def test_a_0_1_0_eval_end_is_not_called_without_per_example_outputs(
+    tmp_path):
+  # user/scalar_eval.py: a 0.1.0 task whose eval_step returns scalars only,
+  # with the two-argument eval_end it inherits, which reads outputs that
+  # are not there: 0.1.0 never called it, nor does ctl now.
+  workdir = tmp_path / 'scalar_eval'
+  run = _run_0_1_0('--config=configs/regression.py',
+                   '--config.task=user.scalar_eval:ScalarEval',
+                   '--config.data.num_train=256', '--config.data.num_eval=128',
+                   '--config.eval_batch_size=64', '--config.num_epochs=2',
+                   '--config.export.at_end=False', f'--workdir={workdir}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  results = helpers.read_results(workdir)
+  assert results['step'] == 8
+  assert 'mae' in results['eval'] and 'r2' not in results['eval']
+
+
 def test_a_workdir_of_0_1_0_resumes(tmp_path):
   # Its checkpoint lacks what 0.2.0 added (the workers' count, the
   # actions' states): they start at their initial values.
