@@ -19,13 +19,8 @@ import warnings
 from ctl import errors
 
 
-class CtlDeprecationWarning(FutureWarning):
-  """A form of ctl's API that still works, for one release.
-
-  A FutureWarning, which Python shows by default (a DeprecationWarning it
-  hides outside __main__); `python -W error::FutureWarning` turns it into
-  an error.
-  """
+# A form of ctl's API that still works (ctl/errors.py).
+CtlDeprecationWarning = errors.CtlDeprecationWarning
 
 
 @dataclasses.dataclass(frozen=True)
