@@ -11,9 +11,9 @@ from typing import Any
 
 from absl import flags
 import ml_collections
-from ml_collections import config_flags
 
 from ctl import config_checks
+from ctl import config_upgrade
 from ctl import errors
 
 # The checks live in ctl/config_checks.py; callers' names for them.
@@ -278,11 +278,12 @@ def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
                        argv: Sequence[str] | None = None):
   """Defines --config: a config file, locked, overridable by --config.key=v.
 
-  Overrides are read from argv (sys.argv by default) when it is parsed.
+  Overrides are read from argv (sys.argv by default) when it is parsed; a
+  file of an earlier release gets the fields it lacks first (config_upgrade).
   """
-  return config_flags.DEFINE_config_file(
-      'config', None, 'Training config file, e.g. configs/digits.py.',
-      flag_values=flag_values, lock_config=True,
+  return config_upgrade.define_config_file(
+      'config', 'Training config file, e.g. configs/digits.py.',
+      flag_values=flag_values,
       sys_argv=list(argv) if argv is not None else None)
 
 

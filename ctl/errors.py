@@ -74,3 +74,13 @@ def op_reason(error: Exception) -> str:
                                     'Detected at node'))]
   message = lines[-1] if lines else message.strip()
   return message.split('}}')[-1].split('[Op:')[0].strip()
+
+
+class CtlDeprecationWarning(FutureWarning):
+  """An old form of ctl's API or of a config that still works, with a
+  warning saying what to write (CHANGELOG.md says until when).
+
+  A FutureWarning, which Python shows by default (a DeprecationWarning it
+  hides outside __main__); `python -W error::FutureWarning` turns it into
+  an error.
+  """

@@ -19,13 +19,8 @@ import warnings
 from ctl import errors
 
 
-class CtlDeprecationWarning(FutureWarning):
-  """A form of ctl's API that still works, for one release.
-
-  A FutureWarning, which Python shows by default (a DeprecationWarning it
-  hides outside __main__); `python -W error::FutureWarning` turns it into
-  an error.
-  """
+# A form of ctl's API that still works (ctl/errors.py).
+CtlDeprecationWarning = errors.CtlDeprecationWarning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +90,11 @@ def accepted_form(task_class: type, name: str) -> str | None:
 
 def eval_end_of(task) -> Callable[[str, Mapping, Mapping], Mapping[str, Any]]:
   """task.eval_end as ctl calls it, (name, outputs, results): the 0.1.0
-  form, eval_end(name, outputs), is called without the results."""
+  form, eval_end(name, outputs), is called without the results, and only
+  when there are per-example outputs (0.1.0 called it only then)."""
   if accepted_form(type(task), 'eval_end') == OLD:
-    return lambda name, outputs, results: task.eval_end(name, outputs)
+    return lambda name, outputs, results: (
+        task.eval_end(name, outputs) if outputs else {})
   return task.eval_end
 
 

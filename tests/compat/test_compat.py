@@ -57,6 +57,58 @@ def test_a_task_with_the_0_1_0_eval_end_trains_warned_once(tmp_path):
   assert (workdir / 'export' / 'export.json').exists()
 
 
+def test_a_0_1_0_eval_end_is_not_called_without_per_example_outputs(
+    tmp_path):
+  # user/scalar_eval.py: a 0.1.0 task whose eval_step returns scalars only,
+  # with the two-argument eval_end it inherits, which reads outputs that
+  # are not there: 0.1.0 never called it, nor does ctl now.
+  workdir = tmp_path / 'scalar_eval'
+  run = _run_0_1_0('--config=configs/regression.py',
+                   '--config.task=user.scalar_eval:ScalarEval',
+                   '--config.data.num_train=256', '--config.data.num_eval=128',
+                   '--config.eval_batch_size=64', '--config.num_epochs=2',
+                   '--config.export.at_end=False', f'--workdir={workdir}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  results = helpers.read_results(workdir)
+  assert results['step'] == 8
+  assert 'mae' in results['eval'] and 'r2' not in results['eval']
+
+
+def test_the_0_1_0_tfrecord_config_trains_in_the_global_order_warned(
+    tmp_path):
+  # configs/digits_tfrecord.py of 0.1.0 has no data.tfrecord.order nor
+  # .partitions (0.2.0's): they take their defaults, with one warning that
+  # names the override giving 0.1.0's order.
+  workdir = tmp_path / 'digits_tfrecord'
+  run = _run_0_1_0('--config=configs/digits_tfrecord.py:smoke',
+                   f'--config.data.tfrecord.dir={tmp_path / "shards"}',
+                   '--config.model.filters=4', '--config.model.width=8',
+                   '--config.num_epochs=1', '--config.export.at_end=False',
+                   f'--workdir={workdir}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  warned = [line for line in run.stderr.splitlines()
+            if 'CtlDeprecationWarning' in line]
+  assert len(warned) == 1, run.stderr[-3000:]
+  assert ('config.data.tfrecord has no order, partitions' in warned[0] and
+          '--config.data.tfrecord.order=by_file' in warned[0]), warned[0]
+  assert helpers.read_results(workdir)['step'] == 44
+
+
+@pytest.mark.parametrize('config_file, section', [
+    ('digits_tfrecord.py', 'tfrecord'), ('tfds_mnist.py', 'tfds')])
+def test_the_0_1_0_order_of_files_is_an_override_as_changelog_says(
+    config_file, section):
+  # pylint: disable=g-import-not-at-top
+  from ctl import config as config_lib
+  from ctl import errors
+  with pytest.warns(errors.CtlDeprecationWarning,
+                    match=f'config.data.{section} has no order, partitions'):
+    config = config_lib.load(f'{V0_1_0 / "configs" / config_file}:smoke',
+                             {f'data.{section}.order': 'by_file'})
+  assert config.data[section].order == 'by_file'
+  assert config.data[section].partitions == 0
+
+
 def test_a_workdir_of_0_1_0_resumes(tmp_path):
   # Its checkpoint lacks what 0.2.0 added (the workers' count, the
   # actions' states): they start at their initial values.
