@@ -6,7 +6,9 @@ RUNNING trial nobody holds any more (its process died, or was stopped by
 SIGTERM), resumed from its checkpoint; else a new trial asked of the study,
 while the study has fewer than num_trials. It ends when every trial of the
 budget is COMPLETE, PRUNED or FAIL, so that as long as one sweep process
-lives no trial is left RUNNING unheld.
+lives no trial is left RUNNING unheld. A trial a signal killed is started
+again (study.MAX_RESTARTS); a storage that stops answering is waited for
+(study.Outage) while the trials run on.
 
 A trial is a `python -m ctl.main` process, as a grid's trials are, in
 <workdir>/trial-NNNN, told by config.search where its study is (its chief
@@ -109,6 +111,7 @@ class Runner:
     Raises:
       CtlError: the storage did not answer in time (its trials resumable).
     """
+    gave_up = False
     with self._stops:
       while True:
         self._stops.forward(self._running)
@@ -116,14 +119,15 @@ class Runner:
           done = self._step()
         except study_lib.storage_errors() as error:
           done = False
-          if self._outage.failed(error):
+          if self._outage.failed(error) and not self._stops.requested:
+            gave_up = True
             self._stops.request(
                 'the study storage did not answer in time: stopping the '
                 'running trials with a checkpoint.')
         if done or (self._stops.requested and not self._running):
           break  # Exits not told a storage that is down: left RUNNING.
         time.sleep(_POLL_SECONDS)
-    if self._outage.expired:
+    if gave_up:
       raise self._outage.given_up()
     return self._stops.requested
 

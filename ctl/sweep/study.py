@@ -212,7 +212,9 @@ def storage_errors() -> tuple[type[Exception], ...]:
   """What a storage raises while it does not answer (a database server
   restarting, a network cut): errors a sweep process waits out."""
   import sqlalchemy.exc  # pylint: disable=g-import-not-at-top
-  return (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
+  # Optuna's RDBStorage raises its StorageInternalError for a failed commit.
+  return (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+          optuna.exceptions.StorageInternalError)
 
 
 @dataclasses.dataclass
@@ -263,5 +265,9 @@ class Outage:
 
 
 def _first_line(error: Exception | None) -> str:
+  """The error's type and first line; for Optuna's StorageInternalError
+  ("... invalid data in the commit ..."), its cause's (the database's)."""
+  if isinstance(error, optuna.exceptions.StorageInternalError):
+    error = error.__cause__ or error
   text = str(error).strip()
   return f'{type(error).__name__}: {text.splitlines()[0] if text else ""}'

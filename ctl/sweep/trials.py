@@ -51,6 +51,7 @@ class StopSignals:
     self._previous = {}
     self._said = False
     self._forwarded = set()  # The pids sent SIGTERM.
+    self._reason = None  # Why the runner stopped by itself (request).
     self.signum = None
 
   @property
@@ -76,7 +77,7 @@ class StopSignals:
     reason to stop its trials)."""
     if self.signum is None:
       self.signum = signal.SIGTERM
-      self._message = message
+      self._reason = message
 
   def stopped(self, exit_code: int) -> bool:
     """Whether a trial that exited with exit_code was stopped, not failed:
@@ -91,7 +92,8 @@ class StopSignals:
     if self.signum is None:
       return
     if not self._said:
-      say(f'{signal.Signals(self.signum).name}: {self._message}')
+      say(self._reason or
+          f'{signal.Signals(self.signum).name}: {self._message}')
       self._said = True
     for process in processes:
       if process.pid not in self._forwarded:

@@ -8,6 +8,7 @@ import os
 import pathlib
 import re
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -70,6 +71,10 @@ def own_server():
   server = postgres.PostgresServer()
   server.start()
   yield server
+  try:
+    server.start_again()  # A test that failed while it was halted.
+  except subprocess.CalledProcessError:
+    pass  # It runs.
   server.stop()
 
 
@@ -188,12 +193,15 @@ def test_a_postgresql_gone_too_long_stops_the_sweep_trials_resumable(
   assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
   assert 'Traceback' not in run.output
   error_lines = [line for line in run.output.splitlines()
-                 if 'error:' in line]
+                 if re.match(r'ctl\S*: error:', line)]
   assert len(error_lines) == 1, run.output[-3000:]
   assert error_lines[0].startswith(
       'ctl.sweep: error: The study storage postgresql+psycopg://ctl@'
       f'127.0.0.1:{own_server.port}/')
-  assert 'did not answer for 3 s (--storage_wait_seconds' in error_lines[0]
+  assert 'did not answer for 3 s (--storage_wait_seconds; ' in error_lines[0]
+  assert 'StorageInternalError' not in run.output  # The database's error.
+  assert ('[sweep] the study storage did not answer in time: stopping the '
+          'running trials with a checkpoint.') in run.output
   record = json.loads((workdir / 'trial-0000' / 'trial.json').read_text())
   assert record['exit_code'] == errors.EXIT_PREEMPTED  # With a checkpoint.
 
