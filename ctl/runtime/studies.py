@@ -9,10 +9,15 @@ import os
 import time
 from typing import Any
 
+from absl import logging
+
 from ctl import errors
 from ctl import storage
 
 SEARCH = 'ctl.search'  # The study's user attribute describing its search.
+# A journal's tail is read back in blocks of this size to find its last
+# whole record.
+_TAIL_BLOCK_BYTES = 64 * 1024
 # Opening a new database creates Optuna's tables; two sweep processes
 # opening it at once race there (one gets "type ... already exists"), and
 # the loser's next try finds the tables made.
@@ -53,6 +58,7 @@ def open_storage(url: str):
     if '://' not in url:
       from optuna.storages import journal  # pylint: disable=g-import-not-at-top
       storage.makedirs(os.path.dirname(url))
+      _move_cut_record_aside(url, journal.JournalFileSymlinkLock(url))
       return journal.JournalStorage(journal.JournalFileBackend(url))
     engine_kwargs = {}
     if url.startswith('postgresql'):
@@ -61,6 +67,57 @@ def open_storage(url: str):
     return _open_database(optuna, url, engine_kwargs)
   except Exception as error:  # pylint: disable=broad-except
     raise unreachable(url, error) from error
+
+
+def _move_cut_record_aside(path: str, lock) -> None:
+  """Moves a journal's cut last record (its writer killed as it wrote, the
+  file cut short by a copy or a full disk) to a backup file beside it,
+  saying so: Optuna would append the next record onto the cut one, and no
+  process could read the journal again.
+
+  Done under the journal's own lock (the one Optuna's writers hold), so a
+  record being written is never taken for a cut one.
+  """
+  if not os.path.exists(path):
+    return
+  lock.acquire()
+  try:
+    with open(path, 'rb+') as journal_file:
+      size = journal_file.seek(0, os.SEEK_END)
+      start = _last_record_end(journal_file, size)
+      if start == size:
+        return
+      journal_file.seek(start)
+      cut = journal_file.read()
+      backup = f'{path}.cut-{time.strftime("%Y%m%d-%H%M%S")}'
+      with open(backup, 'ab') as backup_file:
+        backup_file.write(cut)
+        backup_file.flush()
+        os.fsync(backup_file.fileno())
+      journal_file.truncate(start)
+      journal_file.flush()
+      os.fsync(journal_file.fileno())
+  finally:
+    lock.release()
+  logging.warning(
+      'The study journal %s ended in a cut record (%d bytes, no line end: '
+      'its writer was killed as it wrote, or the file was cut short); moved '
+      'it to %s. The study goes on from the records before it.', path,
+      len(cut), backup)
+
+
+def _last_record_end(journal_file, size: int) -> int:
+  """The offset just after the journal's last line end (0 if none)."""
+  end = size
+  while end > 0:
+    start = max(0, end - _TAIL_BLOCK_BYTES)
+    journal_file.seek(start)
+    block = journal_file.read(end - start)
+    newline = block.rfind(b'\n')
+    if newline >= 0:
+      return start + newline + 1
+    end = start
+  return 0
 
 
 def _open_database(optuna, url: str, engine_kwargs: dict):

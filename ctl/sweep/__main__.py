@@ -65,6 +65,11 @@ _LEASE_SECONDS = flags.DEFINE_float(
     'lease_seconds', 60.0, 'A search: a running trial whose sweep process '
     'has not renewed its lease for this long (its machine died) is taken '
     'over by another sweep process.', lower_bound=1.0)
+_STORAGE_WAIT_SECONDS = flags.DEFINE_float(
+    'storage_wait_seconds', 600.0, 'A search: how long a sweep process '
+    'waits for a study storage that stopped answering (a database '
+    'restarting), its trials running on, before it stops them with a '
+    'checkpoint and exits 1.', lower_bound=0.0)
 flags.mark_flags_as_required(['sweep', 'workdir'])
 
 
@@ -125,10 +130,18 @@ def _run_search(sweep, config_file) -> None:
       'num_trials': sweep.search.num_trials})
   runner = search_lib.Runner(
       sweep, config_file, _WORKDIR.value, study, url, _PARALLEL.value,
-      _LEASE_SECONDS.value, _mlflow_parent_flags(trial_config))
-  stopped = runner.run()
+      study_lib.Waits(_LEASE_SECONDS.value, _STORAGE_WAIT_SECONDS.value),
+      _mlflow_parent_flags(trial_config))
+  try:
+    stopped = runner.run()
+  except errors.CtlError as error:  # Its storage did not come back.
+    _fail(error)
+  try:
+    trials = runner.trials()
+  except study_lib.storage_errors() as error:  # Down as SIGTERM stopped it.
+    print(f'ctl.sweep: {studies.unreachable(url, error)}', file=sys.stderr)
+    sys.exit(errors.EXIT_PREEMPTED if stopped else errors.EXIT_FAILURE)
   from ctl.sweep import report as sweep_report  # pylint: disable=g-import-not-at-top
-  trials = runner.trials()
   report = sweep_report.write(sweep, [trial for trial, _ in trials],
                               _WORKDIR.value,
                               states=[state for _, state in trials])

@@ -6,7 +6,9 @@ RUNNING trial nobody holds any more (its process died, or was stopped by
 SIGTERM), resumed from its checkpoint; else a new trial asked of the study,
 while the study has fewer than num_trials. It ends when every trial of the
 budget is COMPLETE, PRUNED or FAIL, so that as long as one sweep process
-lives no trial is left RUNNING unheld.
+lives no trial is left RUNNING unheld. A trial a signal killed is started
+again (study.MAX_RESTARTS); a storage that stops answering is waited for
+(study.Outage) while the trials run on.
 
 A trial is a `python -m ctl.main` process, as a grid's trials are, in
 <workdir>/trial-NNNN, told by config.search where its study is (its chief
@@ -79,8 +81,8 @@ class Runner:
   """One sweep process of a search: claims and asks for trials, runs them."""
 
   def __init__(self, sweep: hyper.Sweep, config_file: str, workdir: str,
-               study, storage_url: str, parallel: int, lease_seconds: float,
-               extra_flags: tuple[str, ...] = ()):
+               study, storage_url: str, parallel: int,
+               waits: study_lib.Waits, extra_flags: tuple[str, ...] = ()):
     self._sweep = sweep
     self._search = sweep.search
     self._config_file = config_file
@@ -89,8 +91,10 @@ class Runner:
     self._storage_url = storage_url
     self._parallel = parallel
     self._extra_flags = extra_flags
-    self._leases = study_lib.Leases(study, lease_seconds)
+    self._leases = study_lib.Leases(study, waits.lease_seconds)
+    self._outage = study_lib.Outage(storage_url, waits.storage_seconds)
     self._running = {}  # Popen -> (number, Trial, start time, log file)
+    self._untold = []  # (number, Trial, exit code, error): exited, not told
     self._renewed = 0.0
     self._looked = 0.0
     self._stops = trials_lib.StopSignals(
@@ -99,24 +103,55 @@ class Runner:
 
   def run(self) -> bool:
     """Runs trials until the budget is done; returns whether a signal
-    stopped it."""
+    stopped it.
+
+    A storage that stops answering is waited for (Waits.storage_seconds)
+    while the trials go on; then the trials are stopped with a checkpoint.
+
+    Raises:
+      CtlError: the storage did not answer in time (its trials resumable).
+    """
+    gave_up = False
     with self._stops:
       while True:
         self._stops.forward(self._running)
-        self._collect_exited()
-        if self._stops.requested:
-          if not self._running:
-            break
-        else:
-          self._renew()
-          if time.monotonic() - self._looked >= _STUDY_POLL_SECONDS:
-            self._looked = time.monotonic()
-            if self._budget_done() and not self._running:
-              break
-            if len(self._running) < self._parallel:
-              self._start_next()
+        try:
+          done = self._step()
+        except study_lib.storage_errors() as error:
+          done = False
+          if self._outage.failed(error) and not self._stops.requested:
+            gave_up = True
+            self._stops.request(
+                'the study storage did not answer in time: stopping the '
+                'running trials with a checkpoint.')
+        if done or (self._stops.requested and not self._running):
+          break  # Exits not told a storage that is down: left RUNNING.
         time.sleep(_POLL_SECONDS)
+    if gave_up:
+      raise self._outage.given_up()
     return self._stops.requested
+
+  def _step(self) -> bool:
+    """Collects exited trials, renews leases, starts trials; returns
+    whether the budget is done."""
+    self._collect_exited()
+    if self._stops.requested:
+      return False
+    if time.monotonic() - self._looked < _STUDY_POLL_SECONDS:
+      if not self._outage.down:
+        self._renew()
+      return False
+    self._looked = time.monotonic()
+    done = self._budget_done()  # While the storage is down: tries it.
+    if self._outage.down:
+      self._outage.answered()
+      self._renewed = 0.0  # At once: the leases aged while it was down.
+    self._renew()
+    if done and not self._running:
+      return True
+    if len(self._running) < self._parallel:
+      self._start_next()
+    return False
 
   def trials(self) -> list[tuple[trials_lib.Trial, str]]:
     """The budget's trials so far and their study states, by number."""
@@ -218,6 +253,8 @@ class Runner:
         studies.trial_id(self._study, number))
 
   def _collect_exited(self) -> None:
+    """Records the exited trials in trial.json, then in the study (those
+    not told yet first, the storage having been down)."""
     for process in [p for p in self._running if p.poll() is not None]:
       number, trial, started, log = self._running.pop(process)
       log.close()
@@ -231,12 +268,15 @@ class Runner:
       if error:
         record['error'] = error
       storage.write_json(os.path.join(trial.workdir, 'trial.json'), record)
-      self._tell(number, trial, process.returncode, error)
+      self._untold.append((number, trial, process.returncode, error))
+    while self._untold:
+      self._tell(*self._untold[0])
+      self._untold.pop(0)
 
   def _tell(self, number: int, trial: trials_lib.Trial, code: int,
             error: str | None) -> None:
     """Records how a trial's process ended in the study (error: its
-    `ctl: error:` line, if it printed one)."""
+    `ctl: error:` line, if it printed one); restarts one a signal killed."""
     frozen = self._frozen(number)
     if frozen.state.is_finished() or not self._leases.held_by_me(number):
       return  # Another process holds it now (it took it over).
@@ -246,6 +286,19 @@ class Runner:
       trials_lib.say(f'{trial.name}: stopped with a checkpoint; any sweep process of '
            'this study resumes it')
       return
+    killer = trials_lib.killing_signal(code, error)
+    if killer:
+      restarts = frozen.user_attrs.get(study_lib.RESTARTS, 0)
+      if restarts < study_lib.MAX_RESTARTS:
+        self._study._storage.set_trial_user_attr(  # pylint: disable=protected-access
+            frozen._trial_id, study_lib.RESTARTS, restarts + 1)  # pylint: disable=protected-access
+        trials_lib.say(f'{trial.name}: killed by {killer}, not by an error '
+                       'of its own; restarting it from its checkpoint '
+                       f'(restart {restarts + 1} of {study_lib.MAX_RESTARTS})')
+        self._start(number, trial.overrides)
+        return
+      error = (f'killed by {killer} after {study_lib.MAX_RESTARTS} restarts '
+               'from its checkpoint')
     results = workdir_lib.read_results(trial.workdir) if code == 0 else None
     value = trials_lib.lookup(results, self._sweep.metric) if results else None
     stopped = (results or {}).get('stopped') or {}

@@ -51,6 +51,7 @@ class StopSignals:
     self._previous = {}
     self._said = False
     self._forwarded = set()  # The pids sent SIGTERM.
+    self._reason = None  # Why the runner stopped by itself (request).
     self.signum = None
 
   @property
@@ -71,6 +72,13 @@ class StopSignals:
     if self.signum is None:
       self.signum = signum
 
+  def request(self, message: str) -> None:
+    """Stops as SIGTERM would, saying message instead (the runner's own
+    reason to stop its trials)."""
+    if self.signum is None:
+      self.signum = signal.SIGTERM
+      self._reason = message
+
   def stopped(self, exit_code: int) -> bool:
     """Whether a trial that exited with exit_code was stopped, not failed:
     preempted (42), or ended by the signal passed on (SIGTERM before
@@ -84,12 +92,24 @@ class StopSignals:
     if self.signum is None:
       return
     if not self._said:
-      say(f'{signal.Signals(self.signum).name}: {self._message}')
+      say(self._reason or
+          f'{signal.Signals(self.signum).name}: {self._message}')
       self._said = True
     for process in processes:
       if process.pid not in self._forwarded:
         self._forwarded.add(process.pid)
         process.send_signal(signal.SIGTERM)
+
+
+def killing_signal(exit_code: int, error: str | None) -> str | None:
+  """The signal that killed a trial's process (the kernel's OOM killer's
+  SIGKILL), if a signal did and the trial printed no error of its own."""
+  if exit_code >= 0 or error:
+    return None
+  try:
+    return signal.Signals(-exit_code).name
+  except ValueError:
+    return f'signal {-exit_code}'
 
 
 @dataclasses.dataclass(frozen=True)

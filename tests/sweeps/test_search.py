@@ -342,6 +342,40 @@ def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
 
 
 @pytest.mark.slow
+def test_a_trial_killed_by_a_signal_is_restarted_from_its_checkpoint(
+    tmp_path, uninterrupted):
+  # SIGKILL to the trial alone, as the kernel's OOM killer sends it, while
+  # its sweep process lives: the sweep process runs it again, resumed.
+  seed = random.randrange(1000)
+  print(f'kill seed: {seed}')
+  kill_step = 22 * random.Random(seed).randint(1, 3) + 11
+  sweep_file = _write_sweep(tmp_path / 'search.py', (
+      "hyper.Search(space={'optimizer.learning_rate': hyper.choice([0.003])},"
+      f" fixed={LONG!r}, num_trials=1, sampler='grid', pruner=None)"))
+  workdir = tmp_path / 'sweep'
+  trial_dir = workdir / 'trial-0000'
+  run = helpers.Watched(_command(sweep_file, workdir))
+  pid = int(run.wait_for(r'trial-0000: started \(pid (\d+)\)')[1])
+  _wait_for_line(trial_dir / 'log.txt',
+                 rf'Reported eval accuracy \S+ at step {kill_step} ',
+                 run.process)
+  os.kill(pid, signal.SIGKILL)
+  assert run.wait() == 0, run.output[-3000:]
+  assert ('trial-0000: killed by SIGKILL, not by an error of its own; '
+          'restarting it from its checkpoint (restart 1 of '
+          f'{study_lib.MAX_RESTARTS})') in run.output
+  log = (trial_dir / 'log.txt').read_text()
+  assert re.search(r'Restored \S*ckpt-(\d+)', log), log[-3000:]
+  [trial] = _study(workdir, '').trials
+  assert trial.state.name == 'COMPLETE'
+  assert trial.user_attrs[study_lib.RESTARTS] == 1
+  assert sorted(trial.intermediate_values) == list(range(11, 133, 11))
+  results = helpers.read_results(trial_dir)
+  assert results['weights_sha256'] == uninterrupted['weights_sha256']
+  assert trial.value == results['eval']['accuracy']
+
+
+@pytest.mark.slow
 def test_a_failed_trial_is_failed_with_its_log_and_the_study_goes_on(tmp_path):
   sweep_file = _write_sweep(tmp_path / 'search.py', (
       "hyper.Search(space={'loss': hyper.choice(['user_modules:nan_loss', "

@@ -1,0 +1,217 @@
+"""A search against faults of its trials and of its study's storage: a
+trial killed by a signal while its sweep process lives, a PostgreSQL server
+restarted (or gone for good) mid-sweep, a journal whose last record was
+cut. Real processes, a real PostgreSQL server, a real journal file."""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from ctl import errors
+from ctl.runtime import studies
+from ctl.sweep import study as study_lib
+import helpers
+import postgres
+
+# One epoch of 16 steps of a tiny task, evaluated every 8.
+_OWN_TASK = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
+# Six epochs of 22 steps, a checkpoint each epoch, an evaluation every 11.
+_LONG = {'num_epochs': 6, 'batch_size': 64, 'intervals.eval_steps': 11}
+
+
+def _own_task_search(path: pathlib.Path, num_trials: int) -> str:
+  """A sweep file: a search of tiny trials over a task of one's own."""
+  path.write_text(
+      'from ctl import hyper\n\n'
+      'def get_sweep():\n'
+      f'  return hyper.Sweep(config={str(_OWN_TASK)!r}, search=hyper.Search(\n'
+      "      space={'seed': hyper.choice(list(range(8)))}, "
+      f"num_trials={num_trials}, sampler='grid', pruner=None,\n"
+      "      fixed={'num_epochs': 1, 'intervals.eval_steps': 8}),\n"
+      '      metric="eval.mae", mode="min")\n')
+  return str(path)
+
+
+def _digits_search(path: pathlib.Path) -> str:
+  """A sweep file: two digits trials of 132 steps, reported every 11."""
+  path.write_text(
+      'from ctl import hyper\n\n'
+      'def get_sweep():\n'
+      f'  return hyper.Sweep(config={helpers.DIGITS!r}, search=hyper.Search(\n'
+      "      space={'optimizer.learning_rate': hyper.choice([0.003, 0.01])},\n"
+      f"      fixed={_LONG!r}, num_trials=2, sampler='grid', pruner=None),\n"
+      '      metric="eval.accuracy", mode="max")\n')
+  return str(path)
+
+
+def _command(sweep_file: str, workdir: pathlib.Path, *flags: str) -> list[str]:
+  return [sys.executable, '-m', 'ctl.sweep', f'--sweep={sweep_file}',
+          f'--workdir={workdir}', *flags]
+
+
+def _trials(workdir: pathlib.Path, storage: str = ''):
+  """The study's trials, as the sweep processes left them."""
+  optuna = studies.import_optuna()
+  url = study_lib.storage_url(storage, str(workdir))
+  return optuna.load_study(study_name=workdir.name,
+                           storage=studies.open_storage(url)).trials
+
+
+@pytest.fixture
+def own_server():
+  """A PostgreSQL server of this test's own, which it may stop and start."""
+  server = postgres.PostgresServer()
+  server.start()
+  yield server
+  try:
+    server.start_again()  # A test that failed while it was halted.
+  except subprocess.CalledProcessError:
+    pass  # It runs.
+  server.stop()
+
+
+@pytest.mark.slow
+def test_a_trial_killed_again_and_again_fails_after_its_restarts(tmp_path):
+  # As the OOM killer would, every time: restarted MAX_RESTARTS times, then
+  # FAIL, saying so; the sweep goes on to its next trial.
+  workdir = tmp_path / 'sweep'
+  run = helpers.Watched(_command(_own_task_search(tmp_path / 's.py', 2),
+                                 workdir))
+  for start in range(study_lib.MAX_RESTARTS + 1):
+    os.kill(_trial_pid(run, start), signal.SIGKILL)
+  assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
+  for restart in range(1, study_lib.MAX_RESTARTS + 1):
+    assert (f'trial-0000: killed by SIGKILL, not by an error of its own; '
+            f'restarting it from its checkpoint (restart {restart} of '
+            f'{study_lib.MAX_RESTARTS})') in run.output
+  why = (f'exit code -9: killed by SIGKILL after {study_lib.MAX_RESTARTS} '
+         'restarts from its checkpoint')
+  assert f'trial-0000: FAILED with {why}' in run.output, run.output[-3000:]
+  trials = _trials(workdir)
+  assert [trial.state.name for trial in trials] == ['FAIL', 'COMPLETE']
+  assert trials[0].user_attrs[study_lib.FAILURE].startswith(why)
+
+
+def _trial_pid(run: helpers.Watched, start: int, timeout: float = 300) -> int:
+  """The pid of trial-0000's process of start number `start` (0: first)."""
+  deadline = time.monotonic() + timeout
+  while True:
+    pids = re.findall(r'trial-0000: started \(pid (\d+)\)', run.output)
+    if len(pids) > start:
+      return int(pids[start])
+    assert run.process.poll() is None, run.output[-3000:]
+    assert time.monotonic() < deadline, run.output[-3000:]
+    time.sleep(0.05)
+
+
+def _wait_for_line(path: pathlib.Path, pattern: str, run: helpers.Watched,
+                   timeout: float = 300) -> None:
+  """Waits until the file has a line matching pattern, while run runs."""
+  deadline = time.monotonic() + timeout
+  while not (path.exists() and re.search(pattern, path.read_text(),
+                                         re.MULTILINE)):
+    assert run.process.poll() is None, run.output[-3000:]
+    assert time.monotonic() < deadline, f'no {pattern!r} within {timeout} s'
+    time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_cut_last_journal_record_is_moved_aside_not_appended_onto(
+    tmp_path):
+  workdir = tmp_path / 'sweep'
+  command = _command(_own_task_search(tmp_path / 's.py', 2), workdir)
+  first = helpers.Watched(command)
+  assert first.wait() == 0, first.output[-3000:]
+  journal = workdir / 'study.journal'
+  whole = journal.read_bytes()
+  os.truncate(journal, len(whole) - 40)  # Its writer killed as it wrote.
+  kept = whole[:whole.rindex(b'\n', 0, len(whole) - 40) + 1]
+  outputs = []
+  for _ in range(2):  # Repaired, then every later run as well.
+    again = helpers.Watched(command)
+    assert again.wait() == 0, again.output[-3000:]
+    assert 'Traceback' not in again.output
+    outputs.append(again.output)
+  [backup] = [path for path in workdir.iterdir()
+              if path.name.startswith('study.journal.cut-')]
+  assert backup.read_bytes() == whole[len(kept):-40]
+  assert (f'The study journal {journal} ended in a cut record '
+          f'({len(whole) - 40 - len(kept)} bytes, no line end') in outputs[0]
+  assert f'moved it to {backup}.' in outputs[0]
+  assert 'cut record' not in outputs[1]
+  assert journal.read_bytes().startswith(kept)
+  assert [trial.state.name for trial in _trials(workdir)] == [
+      'COMPLETE', 'COMPLETE']
+
+
+@pytest.mark.slow
+def test_a_postgresql_restart_mid_sweep_is_waited_out(own_server, tmp_path):
+  storage = own_server.create_database(f'study_{uuid.uuid4().hex[:8]}')
+  workdir = tmp_path / 'sweep'
+  run = helpers.Watched(_command(_digits_search(tmp_path / 's.py'), workdir,
+                                 f'--storage={storage}'))
+  log = workdir / 'trial-0000' / 'log.txt'
+  _wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ',
+                 run)
+  own_server.halt()
+  run.wait_for(r'\[sweep\] the study storage .* does not answer')
+  # The trial trains on, its reports not taken.
+  _wait_for_line(log, r"The study did not take step \d+'s eval",
+                 run)
+  assert run.process.poll() is None, run.output[-3000:]
+  own_server.start_again()
+  assert run.wait() == 0, run.output[-3000:]
+  assert re.search(r'the study storage answers again after \d+ s; going on',
+                   run.output)
+  assert 'Traceback' not in run.output
+  trials = _trials(workdir, storage)
+  assert [trial.state.name for trial in trials] == ['COMPLETE', 'COMPLETE']
+  assert trials[0].value == helpers.read_results(
+      workdir / 'trial-0000')['eval']['accuracy']
+
+
+@pytest.mark.slow
+def test_a_postgresql_gone_too_long_stops_the_sweep_trials_resumable(
+    own_server, tmp_path):
+  storage = own_server.create_database(f'study_{uuid.uuid4().hex[:8]}')
+  workdir = tmp_path / 'sweep'
+  command = _command(_digits_search(tmp_path / 's.py'), workdir,
+                     f'--storage={storage}', '--storage_wait_seconds=3')
+  run = helpers.Watched(command)
+  log = workdir / 'trial-0000' / 'log.txt'
+  _wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ',
+                 run)
+  own_server.halt()
+  assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
+  assert 'Traceback' not in run.output
+  error_lines = [line for line in run.output.splitlines()
+                 if re.match(r'ctl\S*: error:', line)]
+  assert len(error_lines) == 1, run.output[-3000:]
+  assert error_lines[0].startswith(
+      'ctl.sweep: error: The study storage postgresql+psycopg://ctl@'
+      f'127.0.0.1:{own_server.port}/')
+  assert 'did not answer for 3 s (--storage_wait_seconds; ' in error_lines[0]
+  assert 'StorageInternalError' not in run.output  # The database's error.
+  assert ('[sweep] the study storage did not answer in time: stopping the '
+          'running trials with a checkpoint.') in run.output
+  record = json.loads((workdir / 'trial-0000' / 'trial.json').read_text())
+  assert record['exit_code'] == errors.EXIT_PREEMPTED  # With a checkpoint.
+
+  own_server.start_again()
+  assert [trial.state.name for trial in _trials(workdir, storage)] == [
+      'RUNNING']
+  again = helpers.Watched(command)
+  assert again.wait() == 0, again.output[-3000:]
+  assert ('trial-0000: taken over (nobody held it); resuming it from its '
+          'checkpoint') in again.output
+  assert re.search(r'Restored \S*ckpt-\d+', log.read_text())
+  assert [trial.state.name for trial in _trials(workdir, storage)] == [
+      'COMPLETE', 'COMPLETE']
