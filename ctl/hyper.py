@@ -31,6 +31,7 @@ import builtins
 import dataclasses
 import itertools
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,8 +58,21 @@ class Sweep:
   search: 'Search | None' = None
 
   def __post_init__(self):
+    if not isinstance(self.config, str) or not self.config:
+      raise ValueError(f'Sweep.config={self.config!r}: name the config file, '
+                       'relative to the sweep file.')
+    if not isinstance(self.metric, str) or not self.metric:
+      raise ValueError(f'Sweep.metric={self.metric!r}: name a result, e.g. '
+                       "'eval.accuracy'.")
     if self.mode not in ('max', 'min'):
       raise ValueError(f"Sweep.mode must be 'max' or 'min', not {self.mode!r}")
+    if not _is_int(self.num_workers) or self.num_workers < 1:
+      raise ValueError(f'Sweep.num_workers={self.num_workers!r}: use an int, '
+                       '1 or more (the workers of each trial).')
+    _check_trials(self.trials)
+    if self.search is not None and not isinstance(self.search, Search):
+      raise ValueError(f'Sweep.search is {type(self.search).__name__}: use '
+                       'hyper.Search(...).')
     if self.search is not None and self.trials:
       raise ValueError('A sweep has trials or a search, not both.')
     if not self.trials and self.search is None:
@@ -99,6 +113,9 @@ class Search:
   fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
+    _check_keys('Search.space', self.space)
+    _check_keys('Search.fixed', self.fixed)
+    _check_keys('Search.pruner_options', self.pruner_options)
     if not self.space:
       raise ValueError('Search.space needs at least one key.')
     for key, distribution in self.space.items():
@@ -106,8 +123,15 @@ class Search:
         raise ValueError(
             f'Search.space[{key!r}] is {distribution!r}: use hyper.log_uniform, '
             'uniform, integer or choice (a fixed value goes in Search.fixed).')
-    if self.num_trials < 1:
-      raise ValueError(f'Search.num_trials={self.num_trials}: use 1 or more.')
+    if not _is_int(self.num_trials) or self.num_trials < 1:
+      raise ValueError(f'Search.num_trials={self.num_trials!r}: use an int, 1 '
+                       'or more.')
+    # Each trial's sampler is seeded with seed + its number; Optuna's
+    # samplers take seeds from 0 to 2**32 - 1.
+    highest_seed = 2**32 - self.num_trials
+    if not _is_int(self.seed) or not 0 <= self.seed <= highest_seed:
+      raise ValueError(f'Search.seed={self.seed!r}: use an int from 0 to '
+                       f'{highest_seed}.')
     if self.sampler not in SAMPLERS:
       raise ValueError(f'Search.sampler={self.sampler!r}: use one of {SAMPLERS}.')
     if self.pruner not in PRUNERS:
@@ -189,6 +213,9 @@ class uniform(Distribution):  # pylint: disable=invalid-name
   low: float
   high: float
 
+  def __post_init__(self):
+    _check_bounds(self, numbers.Real)
+
   def sample(self, rng):
     return float(rng.uniform(self.low, self.high))
 
@@ -202,6 +229,11 @@ class log_uniform(Distribution):  # pylint: disable=invalid-name
 
   low: float
   high: float
+
+  def __post_init__(self):
+    _check_bounds(self, numbers.Real)
+    if self.low <= 0:
+      raise ValueError(f'hyper.{self!r}: a log scale needs low > 0.')
 
   def sample(self, rng):
     return float(math.exp(rng.uniform(math.log(self.low),
@@ -218,6 +250,9 @@ class integer(Distribution):  # pylint: disable=invalid-name
   low: int
   high: int
 
+  def __post_init__(self):
+    _check_bounds(self, numbers.Integral)
+
   def sample(self, rng):
     return int(rng.integers(self.low, self.high + 1))
 
@@ -231,11 +266,55 @@ class choice(Distribution):  # pylint: disable=invalid-name
 
   values: Sequence[Any]
 
+  def __post_init__(self):
+    if (isinstance(self.values, (str, bytes)) or
+        not isinstance(self.values, Sequence) or not self.values):
+      raise ValueError(f'hyper.choice({self.values!r}): give a list of one '
+                       'or more values.')
+
   def sample(self, rng):
     return self.values[int(rng.integers(len(self.values)))]
 
   def suggest(self, trial, key):
     return trial.suggest_categorical(key, list(self.values))
+
+
+def _check_bounds(distribution: Distribution, kind: type) -> None:
+  """Refuses the bounds a distribution cannot draw from: Optuna's rules,
+  so a search fails before its study has a trial it cannot sample."""
+  for bound in (distribution.low, distribution.high):
+    if (isinstance(bound, bool) or not isinstance(bound, kind) or
+        (kind is numbers.Real and not math.isfinite(bound))):
+      what = 'ints' if kind is numbers.Integral else 'finite numbers'
+      raise ValueError(f'hyper.{distribution!r}: its bounds must be {what}.')
+  if distribution.low > distribution.high:
+    raise ValueError(
+        f'hyper.{distribution!r}: low is above high; write '
+        f'hyper.{type(distribution).__name__}({distribution.high!r}, '
+        f'{distribution.low!r}).')
+
+
+def _check_trials(trials: Any) -> None:
+  """Refuses Sweep.trials that is not a list of override dicts."""
+  if isinstance(trials, (str, bytes)) or not isinstance(trials, Sequence):
+    raise ValueError(f'Sweep.trials is {type(trials).__name__}: use a list '
+                     'of override dicts (hyper.product, zip, random).')
+  for index, trial in enumerate(trials):
+    _check_keys(f'Sweep.trials[{index}]', trial)
+
+
+def _check_keys(what: str, mapping: Any) -> None:
+  """Refuses a mapping that is not a dict keyed by strings."""
+  if not isinstance(mapping, Mapping):
+    raise ValueError(f'{what} is {type(mapping).__name__}: use a dict.')
+  for key in mapping:
+    if not isinstance(key, str):
+      raise ValueError(f'{what} has the key {key!r}: use string keys.')
+
+
+def _is_int(value: Any) -> bool:
+  """Whether value is an int, not a bool (which Python counts as one)."""
+  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _merge(trials: Sequence[Trial]) -> Trial:

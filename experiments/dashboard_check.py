@@ -5,11 +5,13 @@
     python experiments/dashboard_check.py /shared/sweeps/digits_search \
         --storage=postgresql://ctl@dbhost:5432/ctl_sweeps
 
-Starts optuna-dashboard on a free local port, on the sweep's storage (its
-`study.journal`, or --storage), renders the study's trial list in headless
-Chromium, and checks each trial of the study appears there with its state
-(`Trial 3 Pruned`). Prints one line per trial and exits 0, or 1 naming what
-the page lacks. Every wait is bounded.
+Starts optuna-dashboard (the one on PATH, which may belong to another
+Python environment, else the one beside this Python) on a free local port,
+on the sweep's storage (its `study.journal`, or --storage), renders the
+study's trial list in headless Chromium, and checks each trial of the study
+appears there with its state (`Trial 3 Pruned`). Prints one line per trial
+and exits 0, or 1 with one line naming what the page lacks or what is
+missing to look. Every wait is bounded.
 """
 
 import argparse
@@ -18,28 +20,76 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
-import portpicker
+try:
+  from ctl import errors
+  from ctl.runtime import tf_process
+except ImportError as import_error:
+  sys.exit(f'{import_error}: run this with the Python where ctl is '
+           'installed; optuna-dashboard may be in another environment.')
 
-from ctl.runtime import studies
-from ctl.sweep import study as study_lib
+# TensorFlow, which ctl.storage imports, prints its start-up lines whatever
+# TF_CPP_MIN_LOG_LEVEL says: imported first, without them.
+tf_process.import_tensorflow()
+
+from ctl.runtime import studies  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _START_SECONDS = 180  # optuna-dashboard's start on a loaded machine.
 _RENDER_MS = 20000  # Chromium's virtual time for the page's scripts.
 
 
-def _dashboard(storage: str, port: int) -> subprocess.Popen:
+def _dashboard_command() -> str:
+  """The optuna-dashboard to run: on PATH (any environment's: it only
+  reads the storage), else beside this Python (a venv not activated)."""
+  beside = os.path.join(os.path.dirname(sys.executable), 'optuna-dashboard')
+  found = shutil.which('optuna-dashboard') or shutil.which(beside)
+  if not found:
+    sys.exit('No optuna-dashboard on PATH or beside this Python: pip install '
+             'optuna-dashboard (in any environment), or put it on PATH.')
+  return found
+
+
+def _dashboard(command: str, storage: str, port: int) -> subprocess.Popen:
   """optuna-dashboard serving storage on 127.0.0.1:port."""
-  command = [os.path.join(os.path.dirname(sys.executable), 'optuna-dashboard'),
-             '--port', str(port), '--host', '127.0.0.1']
+  arguments = [command, '--port', str(port), '--host', '127.0.0.1']
   if '://' not in storage:
-    command += ['--storage-class', 'JournalFileStorage']
-  return subprocess.Popen([*command, storage], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+    arguments += ['--storage-class', 'JournalFileStorage']
+  try:
+    return subprocess.Popen([*arguments, storage], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+  except OSError as error:
+    sys.exit(f'Cannot start {command}: {error.strerror}')
+
+
+def _load_trials(storage: str, name: str) -> list:
+  """The study's trials, read without writing to its storage."""
+  if '://' not in storage and not os.path.isfile(storage):
+    sys.exit(f'No study journal {storage}: give the sweep\'s --workdir (and '
+             'its --storage, if it had one).')
+  try:
+    optuna = studies.import_optuna()
+    study_storage = studies.open_storage(storage)
+  except errors.CtlError as error:
+    sys.exit(str(error))
+  try:
+    return optuna.load_study(study_name=name, storage=study_storage).trials
+  except KeyError:
+    names = [summary.study_name
+             for summary in optuna.get_all_study_summaries(study_storage)]
+    sys.exit(f'No study {name!r} in {studies.shown(storage)} (it has '
+             f'{names}): give the sweep\'s --study, if it had one.')
+
+
+def _free_port() -> int:
+  """A local port nothing listens on (portpicker is for ctl's tests only)."""
+  with socket.socket() as probe:
+    probe.bind(('127.0.0.1', 0))
+    return probe.getsockname()[1]
 
 
 def _study_id(port: int, name: str, server: subprocess.Popen) -> int:
@@ -69,10 +119,13 @@ def _page_text(url: str) -> str:
   chromium = shutil.which('chromium') or shutil.which('chromium-browser')
   if not chromium:
     sys.exit('No Chromium found: apt-get install chromium')
-  dom = subprocess.run(
-      [chromium, '--headless', '--no-sandbox', '--disable-gpu',
-       f'--virtual-time-budget={_RENDER_MS}', '--dump-dom', url],
-      capture_output=True, text=True, timeout=180, check=True).stdout
+  try:
+    dom = subprocess.run(
+        [chromium, '--headless', '--no-sandbox', '--disable-gpu',
+         f'--virtual-time-budget={_RENDER_MS}', '--dump-dom', url],
+        capture_output=True, text=True, timeout=180, check=True).stdout
+  except subprocess.SubprocessError as error:  # Failed, or timed out.
+    sys.exit(f'{chromium} did not render {url}: {error}')
   dom = re.sub(r'<style[^<]*</style>', ' ', dom)
   return re.sub(r'\s+', ' ', html.unescape(re.sub(r'<[^>]+>', ' ', dom)))
 
@@ -85,20 +138,28 @@ def main() -> None:
   parser.add_argument('--study', default='',
                       help="the sweep's --study, if it had one")
   args = parser.parse_args()
-  storage = study_lib.storage_url(args.storage, args.workdir)
+  try:
+    # Imported here: it imports Optuna, which may be missing (a ConfigError).
+    from ctl.sweep import study as study_lib  # pylint: disable=g-import-not-at-top
+    storage = study_lib.storage_url(args.storage, args.workdir)
+  except errors.CtlError as error:
+    sys.exit(str(error))
   name = args.study or os.path.basename(os.path.normpath(args.workdir))
-  optuna = studies.import_optuna()
-  trials = optuna.load_study(
-      study_name=name, storage=studies.open_storage(storage)).trials
-  port = portpicker.pick_unused_port()
-  server = _dashboard(storage, port)
+  trials = _load_trials(storage, name)
+  command = _dashboard_command()
+  port = _free_port()
+  server = _dashboard(command, storage, port)
   try:
     study_id = _study_id(port, name, server)
     text = _page_text(f'http://127.0.0.1:{port}/dashboard/studies/'
                       f'{study_id}/trials')
   finally:
     server.terminate()
-    server.wait(timeout=30)
+    try:
+      server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      server.kill()
+      server.wait()
   missing = []
   for trial in trials:
     shown = f'Trial {trial.number} {trial.state.name.capitalize()}'

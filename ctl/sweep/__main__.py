@@ -39,6 +39,14 @@ import time
 from absl import app
 from absl import flags
 
+from ctl.runtime import tf_process
+
+# TensorFlow, which ctl.storage imports, prints its start-up lines (CUDA,
+# CPU instructions) whatever TF_CPP_MIN_LOG_LEVEL says: imported first,
+# without them.
+tf_process.import_tensorflow()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from ctl import config as config_lib
 from ctl import errors
 from ctl import storage
@@ -46,6 +54,7 @@ from ctl.runtime import studies
 from ctl.runtime import subprocesses
 from ctl.runtime import workdir as workdir_lib
 from ctl.sweep import trials as trials_lib
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 _SWEEP = flags.DEFINE_string('sweep', None,
                              'Sweep file defining get_sweep(), e.g. '
@@ -77,7 +86,10 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   try:
+    _check_text(*(f'--{flag.name}={flag.value}'
+                  for flag in (_SWEEP, _WORKDIR, _STORAGE, _STUDY)))
     sweep, config_file = trials_lib.load_sweep(_SWEEP.value)
+    _check_text(f'Sweep.config {config_file}')
     if sweep.search is not None:
       _run_search(sweep, config_file)
     trials = trials_lib.plan(sweep, config_file, _WORKDIR.value)
@@ -151,6 +163,27 @@ def _run_search(sweep, config_file) -> None:
   if stopped:
     sys.exit(errors.EXIT_PREEMPTED)
   sys.exit(0 if report.all_finished else errors.EXIT_FAILURE)
+
+
+def _check_text(*values: str) -> None:
+  """Refuses a name that is not text: bytes that are not UTF-8 (a shell's
+  $'\\xff'), which sweep.json, the trials' logs and their commands cannot
+  hold."""
+  for value in values:
+    try:
+      value.encode('utf-8')
+    except UnicodeEncodeError as error:
+      raise errors.ConfigError(
+          f'{_shown(value)} is not UTF-8 text; use UTF-8 characters there. '
+          'Nothing was written.') from error
+
+
+def _shown(value: str) -> str:
+  """A name that is not UTF-8 as it was given, each bad byte as \\xNN."""
+  try:
+    return os.fsencode(value).decode('utf-8', 'backslashreplace')
+  except UnicodeError:  # Not bytes from the command line.
+    return ascii(value)
 
 
 def _fail(error: errors.CtlError) -> None:

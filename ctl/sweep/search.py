@@ -58,10 +58,31 @@ def check(sweep: hyper.Sweep, config_file: str) -> None:
   if search.pruner and not sweep.metric.startswith('eval.'):
     problems.append(f'Sweep.metric {sweep.metric!r}: a pruner compares eval '
                     "results at each evaluation; use 'eval.<name>'.")
+  problems += _optuna_problems(search)
   if problems:
     raise errors.ConfigError(
         'The search cannot run; nothing was started:\n  ' +
         '\n  '.join(dict.fromkeys(problems)))
+
+
+def _optuna_problems(search: hyper.Search) -> list[str]:
+  """Why Optuna would refuse the search's pruner or sampler: found by
+  making them as the study will (each trial's sampler seeded with seed +
+  its number), before the study or any file is written."""
+  problems = []
+  try:
+    studies.make_pruner(search.pruner, dict(search.pruner_options))
+  except Exception as error:  # pylint: disable=broad-except
+    problems.append(f'Search.pruner_options={dict(search.pruner_options)!r} '
+                    f'do not fit pruner={search.pruner!r}: '
+                    f'{type(error).__name__}: {error}')
+  for seed in sorted({search.seed, search.seed + search.num_trials - 1}):
+    try:
+      study_lib.make_sampler(search, seed)
+    except Exception as error:  # pylint: disable=broad-except
+      problems.append(f'Search.sampler={search.sampler!r} with seed {seed}: '
+                      f'{type(error).__name__}: {error}')
+  return problems
 
 
 def _corners(search: hyper.Search) -> list[dict[str, Any]]:

@@ -180,6 +180,11 @@ def load_sweep(sweep_file: str) -> tuple[hyper.Sweep, str]:
     with config_lib.loading_user_file():
       spec.loader.exec_module(module)
     sweep = module.get_sweep()
+  except SystemExit as error:  # sys.exit() or exit() in the file.
+    raise errors.ConfigError(
+        f'Cannot load the sweep {sweep_file}: it called sys.exit('
+        f'{error.code!r}); get_sweep() must return a ctl.hyper.Sweep.'
+    ) from error
   except Exception as error:  # pylint: disable=broad-except
     raise errors.ConfigError(
         f'Cannot load the sweep {sweep_file}: {type(error).__name__}: '

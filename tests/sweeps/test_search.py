@@ -20,6 +20,7 @@ from ctl import config as config_lib
 from ctl import errors
 from ctl import hyper
 from ctl.runtime import studies
+from ctl.sweep import search as search_lib
 from ctl.sweep import study as study_lib
 from ctl.sweep import trials as trials_lib
 import helpers
@@ -101,6 +102,141 @@ def test_a_search_checks_its_space_sampler_and_pruner():
     hyper.Search(space={'seed': 3}, num_trials=4)
   with pytest.raises(ValueError, match=r"\['seed'\] both searched and fixed"):
     hyper.Search(space=space, num_trials=4, fixed={'seed': 1})
+
+
+def test_a_search_refuses_what_its_study_could_not_sample_or_seed(tmp_path):
+  space = {'optimizer.learning_rate': hyper.log_uniform(1e-4, 1e-1)}
+  refused = {
+      # Optuna's IndexError, and its ValueError after the study had a trial.
+      r'hyper.choice\(\[\]\): give a list': lambda: hyper.Search(
+          space={'model.width': hyper.choice([])}, num_trials=2),
+      r'write hyper.log_uniform\(0.0001, 0.01\)': lambda: hyper.Search(
+          space={'x': hyper.log_uniform(1e-2, 1e-4)}, num_trials=2),
+      # Each trial's sampler is seeded with seed + its number.
+      r'Search.seed=-1: use an int from 0 to 4294967294':
+          lambda: hyper.Search(space=space, num_trials=2, seed=-1),
+      r'Search.seed=4294967295: use an int from 0 to 4294967294':
+          lambda: hyper.Search(space=space, num_trials=2, seed=2**32 - 1),
+      r"Search.seed='0'": lambda: hyper.Search(space=space, num_trials=2,
+                                               seed='0'),
+      r"Search.num_trials='2': use an int, 1 or more":
+          lambda: hyper.Search(space=space, num_trials='2'),
+      r'Search.pruner_options is list: use a dict': lambda: hyper.Search(
+          space=space, num_trials=2, pruner_options=[('n_startup_trials', 1)]),
+      r'Search.space has the key 3: use string keys':
+          lambda: hyper.Search(space={3: hyper.uniform(0, 1)}, num_trials=2),
+      r'Search.fixed is str: use a dict':
+          lambda: hyper.Search(space=space, num_trials=2, fixed='seed=1'),
+  }
+  for message, make in refused.items():
+    with pytest.raises(ValueError, match=message):
+      make()
+  # Options the pruner refuses, found by making it as the study will.
+  for pruner, options, message in [
+      ('median', {'bogus': 3}, "unexpected keyword argument 'bogus'"),
+      ('median', {'n_startup_trials': -1}, 'ValueError: '),
+      (None, {'n_startup_trials': 1}, 'TypeError: ')]:
+    sweep = hyper.Sweep(config=helpers.DIGITS, search=hyper.Search(
+        space=space, num_trials=2, pruner=pruner, pruner_options=options))
+    with pytest.raises(errors.ConfigError,
+                       match=rf'Search.pruner_options=.* do not fit '
+                       rf'pruner={pruner!r}: .*{message}'):
+      search_lib.check(sweep, helpers.DIGITS)
+  assert not list(tmp_path.iterdir())
+
+
+def _assert_refused(run: helpers.Watched, message: str,
+                    workdir: pathlib.Path) -> None:
+  """The run exited 2 with one `ctl.sweep: error:` message containing
+  message, nothing else printed, nothing written (no study.journal)."""
+  assert run.wait() == errors.EXIT_USAGE, run.output[-3000:]
+  # No traceback, and none of TensorFlow's start-up lines (run with
+  # TF_CPP_MIN_LOG_LEVEL=3, which does not hide them).
+  first, *rest = run.output.splitlines()
+  assert first.startswith('ctl.sweep: error: '), run.output[-3000:]
+  assert all(line.startswith('  ') for line in rest), run.output[-3000:]
+  assert message in run.output, run.output[-3000:]
+  assert not workdir.exists()
+
+
+HOSTILE_SEARCHES = {
+    # Was a traceback, and the rerun made a trial COMPLETE without values.
+    'reversed_bounds': (
+        "{'optimizer.learning_rate': hyper.log_uniform(1e-2, 1e-4)}", '',
+        'low is above high; write hyper.log_uniform(0.0001, 0.01)'),
+    # Were "storage does not answer" (exit 1) with study.journal written.
+    'pruner_options': (
+        "{'optimizer.learning_rate': hyper.log_uniform(1e-4, 1e-2)}",
+        ", pruner_options={'n_startup_trial': 3}",
+        "Search.pruner_options={'n_startup_trial': 3} do not fit "
+        "pruner='median': TypeError:"),
+    'negative_seed': (
+        "{'optimizer.learning_rate': hyper.log_uniform(1e-4, 1e-2)}",
+        ', seed=-1', 'Search.seed=-1: use an int from 0 to 4294967295'),
+}
+
+
+@pytest.mark.parametrize('case', HOSTILE_SEARCHES)
+def test_a_hostile_search_is_one_line_before_anything_is_written(
+    tmp_path, case):
+  space, options, message = HOSTILE_SEARCHES[case]
+  sweep_file = _write_sweep(tmp_path / f'{case}.py', 'hyper.Search(space='
+                            f'{space}, num_trials=1{options})')
+  run = helpers.Watched(_command(sweep_file, tmp_path / 'sweep'),
+                        env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
+  _assert_refused(run, message, tmp_path / 'sweep')
+
+
+def test_a_study_name_that_is_not_utf8_is_refused_before_anything_is_written(
+    tmp_path):
+  sweep_file = _write_sweep(tmp_path / 'search.py', 'hyper.Search(space={'
+                            "'optimizer.learning_rate': hyper.uniform(0.001, "
+                            '0.01)}, num_trials=1)')
+  # As a shell passes --study=$'st\xff': the byte that is not UTF-8 comes
+  # to Python as a surrogate. (It was a UnicodeEncodeError once
+  # study.journal, sweep.json and trial-0000 were written.)
+  run = helpers.Watched(_command(sweep_file, tmp_path / 'sweep', '',
+                                 '--study=st\udcff'),
+                        env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
+  _assert_refused(run, '--study=st\\xff is not UTF-8 text',
+                  tmp_path / 'sweep')
+
+
+def test_dashboard_check_runs_the_optuna_dashboard_on_path_or_says_why_not(
+    tmp_path):
+  command = [sys.executable,
+             str(helpers.REPO / 'experiments' / 'dashboard_check.py')]
+  env = helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3')
+  # A workdir without a study: one line, and no journal made there.
+  run = helpers.Watched([*command, str(tmp_path / 'nowhere')], env=env)
+  assert run.wait() == 1
+  assert run.output.splitlines() == [
+      f"No study journal {tmp_path}/nowhere/study.journal: give the sweep's "
+      '--workdir (and its --storage, if it had one).']
+  assert not (tmp_path / 'nowhere').exists()
+  workdir = tmp_path / 'sweep'
+  url = study_lib.storage_url('', str(workdir))
+  studies.import_optuna().create_study(
+      study_name='sweep', storage=studies.open_storage(url)).ask()
+  # optuna-dashboard installed in another environment, only on PATH (was a
+  # FileNotFoundError traceback): a stand-in that says how it was started
+  # and exits 3, as one that cannot read the storage would.
+  other_environment = tmp_path / 'other_environment' / 'bin'
+  other_environment.mkdir(parents=True)
+  dashboard = other_environment / 'optuna-dashboard'
+  dashboard.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/started\nexit 3\n')
+  dashboard.chmod(0o755)
+  env['PATH'] = os.pathsep.join([str(other_environment), env['PATH']])
+  run = helpers.Watched([*command, str(workdir)], env=env)
+  assert run.wait() == 1
+  assert run.output.splitlines() == ['optuna-dashboard exited with code 3']
+  assert (tmp_path / 'started').read_text().split()[-3:] == [
+      '--storage-class', 'JournalFileStorage', url]
+  run = helpers.Watched([*command, str(workdir), '--study=other'], env=env)
+  assert run.wait() == 1
+  assert run.output.splitlines() == [
+      f"No study 'other' in {url} (it has ['sweep']): give the sweep's "
+      '--study, if it had one.']
 
 
 def test_a_storage_that_does_not_answer_stops_the_sweep_before_any_trial(

@@ -183,6 +183,92 @@ def test_a_sweep_of_a_task_of_ones_own_runs_to_results_csv(tmp_path):
 
 
 # experiments/ also holds example tasks; a sweep file defines get_sweep.
+def test_hyper_refuses_what_it_cannot_sample_or_run():
+  refused = {
+      r'hyper.choice\(\[\]\): give a list of one or more values':
+          lambda: hyper.choice([]),
+      r"hyper.choice\('adam'\): give a list": lambda: hyper.choice('adam'),
+      r'low is above high; write hyper.log_uniform\(0.0001, 0.01\)':
+          lambda: hyper.log_uniform(1e-2, 1e-4),
+      r'hyper.log_uniform\(low=0, high=1\): a log scale needs low > 0':
+          lambda: hyper.log_uniform(0, 1),
+      r'write hyper.uniform\(0.1, 0.5\)': lambda: hyper.uniform(0.5, 0.1),
+      r"hyper.uniform\(low='0', high=1\): its bounds must be finite numbers":
+          lambda: hyper.uniform('0', 1),
+      r'high=inf\): its bounds must be finite numbers':
+          lambda: hyper.uniform(0, float('inf')),
+      r'hyper.integer\(low=0.5, high=4\): its bounds must be ints':
+          lambda: hyper.integer(0.5, 4),
+      r'write hyper.integer\(1, 3\)': lambda: hyper.integer(3, 1),
+      r"Sweep.num_workers='2': use an int, 1 or more":
+          lambda: hyper.Sweep(config='c.py', trials=[{}], num_workers='2'),
+      r'Sweep.num_workers=0: use an int, 1 or more':
+          lambda: hyper.Sweep(config='c.py', trials=[{}], num_workers=0),
+      r'Sweep.num_workers=True':
+          lambda: hyper.Sweep(config='c.py', trials=[{}], num_workers=True),
+      r'Sweep.trials is dict: use a list of override dicts':
+          lambda: hyper.Sweep(config='c.py', trials={'seed': 1}),
+      r'Sweep.trials\[1\] is int: use a dict':
+          lambda: hyper.Sweep(config='c.py', trials=[{'seed': 1}, 2]),
+      r'Sweep.config=None': lambda: hyper.Sweep(config=None, trials=[{}]),
+      r'Sweep.metric=3': lambda: hyper.Sweep(config='c.py', trials=[{}],
+                                            metric=3),
+  }
+  for message, make in refused.items():
+    with pytest.raises(ValueError, match=message):
+      make()
+  # Equal bounds are a range of one value, as Optuna takes them.
+  assert hyper.uniform(0.1, 0.1).low == 0.1
+
+
+def _assert_refused(run: helpers.Watched, message: str,
+                    workdir: pathlib.Path) -> None:
+  """The run exited 2 with one `ctl.sweep: error:` message containing
+  message, nothing else printed, nothing written."""
+  assert run.wait() == errors.EXIT_USAGE, run.output[-3000:]
+  # No traceback, and none of TensorFlow's start-up lines (run with
+  # TF_CPP_MIN_LOG_LEVEL=3, which does not hide them).
+  first, *rest = run.output.splitlines()
+  assert first.startswith('ctl.sweep: error: '), run.output[-3000:]
+  assert all(line.startswith('  ') for line in rest), run.output[-3000:]
+  assert message in run.output, run.output[-3000:]
+  assert not workdir.exists()
+
+
+HOSTILE_SWEEPS = {
+    'num_workers_str': (
+        f"return hyper.Sweep(config={helpers.DIGITS!r}, trials=[{{}}], "
+        "num_workers='2')",
+        "ValueError: Sweep.num_workers='2': use an int, 1 or more"),
+    'exits': ('sys.exit(0)', 'it called sys.exit(0); get_sweep() must return '
+              'a ctl.hyper.Sweep'),
+}
+
+
+@pytest.mark.parametrize('case', HOSTILE_SWEEPS)
+def test_a_hostile_sweep_file_is_one_line_before_anything_is_written(
+    tmp_path, case):
+  body, message = HOSTILE_SWEEPS[case]
+  sweep_file = tmp_path / f'{case}.py'
+  sweep_file.write_text('import sys\nfrom ctl import hyper\n\n'
+                        f'def get_sweep():\n  {body}\n')
+  run = helpers.Watched(_sweep_command(sweep_file, tmp_path / 'sweep'),
+                        env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
+  _assert_refused(run, message, tmp_path / 'sweep')
+
+
+def test_a_workdir_that_is_not_utf8_is_refused_before_anything_is_written(
+    tmp_path):
+  sweep_file = _write_sweep(tmp_path, [{'num_epochs': 1}])
+  # As a shell passes $'sweep\xff': the byte that is not UTF-8 comes to
+  # Python as a surrogate.
+  workdir = tmp_path / 'sweep\udcff'
+  run = helpers.Watched(_sweep_command(sweep_file, workdir),
+                        env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
+  _assert_refused(run, f'--workdir={tmp_path}/sweep\\xff is not UTF-8 text',
+                  workdir)
+
+
 SWEEP_FILES = sorted(path for path in (helpers.REPO / 'experiments').glob('*.py')
                      if 'def get_sweep(' in path.read_text())
 
