@@ -131,7 +131,7 @@ def _stragglers(found: evidence_lib.Evidence) -> list[str]:
                      section.get('straggler_seconds'))
   check = stragglers.StragglerCheck(
       factor if evidence_lib.is_number(factor, 1) else 1.5,
-      seconds if evidence_lib.is_number(seconds, 0) else 4.0)
+      seconds if evidence_lib.is_number(seconds, 0) and seconds > 0 else 4.0)
   check.update({index: {**status, 'reports': status.get('reports') or []}
                 for index, status in workers.items()})
   return ['  stragglers: ' + (', '.join(
