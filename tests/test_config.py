@@ -54,6 +54,8 @@ def test_a_config_without_a_task_is_an_error():
     ('steps_per_loop', 0, 'steps_per_loop=0 must be at least 1'),
     ('intervals.checkpoint_steps', -1, 'must not be negative'),
     ('optimizer.learning_rate', 0.0, 'must be positive'),
+    ('diagnostics.straggler_seconds', 0.0,
+     'straggler_seconds=0.0 must be positive'),
     ('optimizer.schedule', 'cosin', "must be one of ['constant'"),
     ('distribution.strategy', 'tpu', 'distribution.strategy'),
     ('distribution.collective', 'ring', "'AUTO', 'RING', 'NCCL'"),

@@ -8,7 +8,7 @@ should explain, the key-value store lives in the chief's process and dies
 with it, and neither outlives the job for `python -m ctl.status`. A file
 is written by its worker alone, through ctl/storage.py (so gs:// works
 too), and read by the others only when they need it: at a hang, at a
-report (stragglers), and by ctl.status.
+report and after a loop (stragglers), and by ctl.status.
 
 A background thread writes it: when training starts, at each report (the
 `worker-status` action, after the log line), when an evaluation or a
@@ -52,8 +52,9 @@ from ctl.runtime import workdir as workdir_lib
 # The states of a worker's run, as ctl.status shows them.
 RUNNING, FINISHED, STOPPED, FAILED = 'running', 'finished', 'stopped', 'failed'
 
-# Reports kept in the file: enough for a straggler window across files
-# written up to MIN_WRITE_SECONDS apart, with reports 10 times a second.
+# Reports kept in the file: enough for the chief to see each report of
+# every worker (ctl/cluster/worker_timings.py) across files written up to
+# MIN_WRITE_SECONDS apart, with reports 10 times a second.
 REPORTS_KEPT = 32
 
 # The longest time between two writes of a live worker.

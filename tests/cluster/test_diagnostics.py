@@ -7,7 +7,6 @@ time is named as the straggler whatever the report interval; ctl.status
 reads the workdir throughout.
 """
 
-import json
 import os
 import pathlib
 import re
@@ -187,15 +186,7 @@ def test_a_worker_at_half_speed_is_named_though_no_report_is_slow_in_a_row(
       time.sleep(0.5)
 
   try:
-    # Nothing while workers are even, over two windows of samples.
-    status_file = tmp_path / 'workers' / 'worker-0.json'
-    deadline = time.monotonic() + 300
-    while not status_file.exists() or (
-        lambda samples: samples[-1][1] - samples[0][1] < 8)(
-            json.loads(status_file.read_text()).get('samples') or [[0, 0]]):
-      assert chief.process.poll() is None, chief.output[-3000:]
-      assert time.monotonic() < deadline, 'no 8 s of samples'
-      time.sleep(0.1)
+    wait_for_step(chief, 132, timeout=300)
     assert 'Straggler' not in chief.output
     reports_before = len(re.findall(r' step \d+/', chief.output))
     slowed.set()
@@ -234,7 +225,8 @@ def test_a_worker_whose_input_pipeline_is_slow_is_named_input_bound(tmp_path):
   chief = workers[0]
   try:
     named = chief.wait_for(r'Straggler: worker (\d+) \(\S+, pid (\d+)\) is '
-                           r'(\S+) \(.*: ([\d.]+) s waiting for input')
+                           r'(\S+) \(.*: ([\d.]+) s waiting for input',
+                           timeout=300)
     print(next(line for line in chief.output.splitlines()
                if 'Straggler:' in line))
     assert named.groups()[:3] == ('1', str(workers[1].process.pid),
