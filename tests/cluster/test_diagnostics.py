@@ -20,10 +20,10 @@ import time
 import pytest
 
 from ctl import errors
-from ctl import status as status_lib
 from ctl.cluster import stragglers
 from ctl.cluster import worker_status
 from ctl.cluster import worker_timings
+from ctl.status import verdict
 import helpers
 
 TIMEOUT_SECONDS = 15
@@ -317,18 +317,25 @@ def _status(index, *, step=40, age=1.0, progress_age=1.0, state='running',
           'heartbeat_seconds': 5.0}
 
 
+def _run_state(workers: dict, now: float) -> tuple[str, str]:
+  """ctl.status's verdict on these statuses (of another host: no /proc)."""
+  return verdict.run_state(
+      workers, {index: verdict.condition(status, now)
+                for index, status in workers.items()}, None)
+
+
 def test_hung_is_a_status_that_stopped_changing_or_a_worker_without_progress():
   now = 1000.0
-  fresh = {0: _status(0), 1: _status(1)}
-  assert status_lib.run_state(fresh, None, now)[0] == 'running'
+  fresh = {0: _status(0), 1: _status(1, age=12.0)}  # Under 3 heartbeats.
+  assert _run_state(fresh, now) == ('running', 'training')
   stale = {0: _status(0), 1: _status(1, age=21.0)}
-  state, why = status_lib.run_state(stale, None, now)
-  assert state == 'hung' and why.startswith(
-      "worker 1's status stopped changing 0:00:21 ago"), why
+  assert _run_state(stale, now) == (
+      'hung', 'worker 1 (h, pid 101) is silent: its status stopped changing '
+      '0:00:21 ago (stopped, dead or cut off)')
   stuck = {0: _status(0, progress_age=30.0), 1: _status(1)}
-  state, why = status_lib.run_state(stuck, None, now)
-  assert (state, why) == ('hung', 'worker 0 made no progress for 0:00:30 '
-                          '(in phase training at step 40)')
+  assert _run_state(stuck, now) == (
+      'hung', 'worker 0 (h, pid 100) is stalled: it made no progress for '
+      '0:00:30, over its timeout of 20 s')
 
 
 def test_a_peer_is_named_only_on_evidence_in_its_own_file():
