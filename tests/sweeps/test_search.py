@@ -202,6 +202,7 @@ def test_a_study_name_that_is_not_utf8_is_refused_before_anything_is_written(
                   tmp_path / 'sweep')
 
 
+@pytest.mark.slow  # Three processes that import TensorFlow.
 def test_dashboard_check_runs_the_optuna_dashboard_on_path_or_says_why_not(
     tmp_path):
   command = [sys.executable,
