@@ -71,8 +71,9 @@ _ALLOWED = {
     # A flock of a local workdir, and who holds it from /proc.
     'ctl/runtime/workdir.py': ('os.path.isdir', 'os.stat', "open('/proc",
                                "open(f'/proc"),
-    # Whether a worker's process of this host exists, from /proc (ctl.status).
-    'ctl/status/processes.py': ("os.path.exists('/proc", "open('/proc",
+    # Whether a worker's process of this host runs, is stopped or gone, from
+    # /proc (ctl.status, and a worker naming its stalled peers).
+    'ctl/runtime/processes.py': ("os.path.exists('/proc", "open('/proc",
                                 "open(f'/proc"),
     # The process's own CPU time.
     'ctl/training/speed.py': ("open('/proc",),

@@ -26,6 +26,7 @@ from absl import logging
 
 from ctl import errors
 from ctl import storage
+from ctl.cluster import peer_evidence
 from ctl.cluster import worker_status
 from ctl.runtime import workdir as workdir_lib
 
@@ -66,7 +67,7 @@ def render(status: worker_status.WorkerStatus, mine: dict, why: str,
   for index, peer in sorted(peers.items()):
     lines.append('  ' + (worker_status.describe(peer, now) if peer else
                          f'worker {index}: no status file'))
-  stalled = worker_status.stalled_peers(peers, status.worker_index, now)
+  stalled = peer_evidence.stalled_peers(peers, status.worker_index, now)
   lines += ['', 'Stopped making progress: ' +
             ('; '.join(stalled) if stalled else
              'none (no peer\'s own status file singles one out)'), '']
@@ -95,7 +96,7 @@ def name_stalled_peers(failure: errors.PeerFailure,
   dump (written now if the watchdog did not write one)."""
   if status.workdir is None:
     return failure
-  stalled = worker_status.read_and_wait_for_evidence(status)
+  stalled = peer_evidence.read_and_wait_for_evidence(status)
   if dump is None:
     try:
       dump = write(status, f'TensorFlow reported a lost peer '

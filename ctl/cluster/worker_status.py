@@ -61,7 +61,7 @@ REPORTS_KEPT = 32
 MAX_HEARTBEAT_SECONDS = 10.0
 
 # The phases of a loop of steps (the others are actions).
-_LOOP_PHASES = ('first step', 'training')
+LOOP_PHASES = ('first step', 'training')
 
 # Phases whose start is written at once (the others wait for the heartbeat).
 _WRITTEN_PHASES = ('training', 'evaluate', 'checkpoint')
@@ -323,27 +323,6 @@ class WorkerStatus:
       self._ended.wait(pause)  # The end cuts the pause short.
 
 
-def read_all(workdir: str) -> dict[int, dict]:
-  """{worker index: its status} of every status file in the workdir."""
-  folder = workdir_lib.workers_dir(workdir)
-  try:
-    names = storage.listdir(folder) if storage.isdir(folder) else []
-  except Exception:  # pylint: disable=broad-except
-    return {}
-  found = {}
-  for name in names:
-    if name.startswith('worker-') and name.endswith('.json'):
-      index = name[len('worker-'):-len('.json')]
-      if index.isdigit():
-        try:
-          content = storage.read_json(storage.join(folder, name))
-        except ValueError:  # Never half-written; but a stranger's file.
-          continue
-        if content is not None:
-          found[int(index)] = content
-  return found
-
-
 def read_peers(workdir: str, num_workers: int) -> dict[int, dict | None]:
   """{worker index: its status, or None without one} for the job's
   workers."""
@@ -365,100 +344,3 @@ def describe(status: dict, now: float) -> str:
           f'step {"?" if step is None else step}, status '
           f'{now - status["time"]:.0f} s old, last progress '
           f'{now - status["progress_time"]:.0f} s ago')
-
-
-def stalled_peers(peers: dict[int, dict | None], me: int,
-                  now: float) -> list[str]:
-  """The peers that stopped making progress, each with the evidence about
-  it; [] when no peer's own file singles one out.
-
-  Only evidence about that peer names it: no file at all, a run that
-  ended other than by losing its peers (exit code 43 is a bystander's), a
-  process that this machine sees stopped or gone (a peer on the same
-  host), a file that stopped changing for two heartbeats (its writer
-  thread is silent: the process is stopped, dead or cut off), or an action
-  other than this worker's phase that it had been in for two heartbeats
-  when it last wrote (stuck in it). A step behind or another phase in a
-  file of a moment ago is no evidence: a healthy worker's file lags its
-  loop by up to a heartbeat.
-  """
-  my_phase = (peers.get(me) or {}).get('phase')
-  named = []
-  for index, status in sorted(peers.items()):
-    if index == me:
-      continue
-    if status is None:
-      named.append(f'worker {index}: wrote no status (it never started '
-                   'training)')
-      continue
-    why = _evidence(status, my_phase, now)
-    if why:
-      named.append(f'{describe(status, now)}: {why}')
-  return named
-
-
-def _evidence(status: dict, my_phase: str | None, now: float) -> str | None:
-  """What a running or ended peer's file says against it, if anything."""
-  heartbeat = status['heartbeat_seconds']
-  if status['state'] != RUNNING:
-    if status.get('exit_code') == errors.EXIT_PEER_FAILED:
-      return None  # It lost its peers, as this worker did.
-    return f'it ended: {status["reason"]}'
-  seen = _process_here(status)
-  if seen:
-    return seen
-  if now - status['time'] > 2 * heartbeat:
-    return 'its status stopped changing (stopped, dead or unreachable)'
-  in_phase = status['time'] - status.get('phase_time', status['time'])
-  if (status['phase'] not in _LOOP_PHASES and status['phase'] != my_phase and
-      in_phase > 2 * heartbeat):
-    return (f'in phase {status["phase"]} for {in_phase:.0f} s when it last '
-            f'wrote, not in this worker\'s ({my_phase})')
-  return None
-
-
-def _process_here(status: dict) -> str | None:
-  """What this machine says of a peer's process when it runs here (Linux's
-  /proc): stopped, or gone; None when it runs, or elsewhere."""
-  if (status.get('host') != socket.gethostname() or
-      not os.path.isdir('/proc/self')):
-    return None
-  try:
-    with open(f'/proc/{status["pid"]}/stat', encoding='ascii') as stat:
-      fields = stat.read().rsplit(')', 1)[1].split()
-    with open('/proc/stat', encoding='ascii') as machine:
-      booted = next(int(line.split()[1]) for line in machine
-                    if line.startswith('btime '))
-  except (OSError, ValueError, IndexError, StopIteration):
-    return 'its process is gone' if not os.path.exists(
-        f'/proc/{status["pid"]}') else None
-  state, start_ticks = fields[0], int(fields[19])
-  started = booted + start_ticks / os.sysconf('SC_CLK_TCK')
-  if state in 'ZX' or started > status['started'] + 1:
-    return 'its process is gone'  # A zombie, or its pid is another's now.
-  if state in 'Tt':
-    return 'its process is stopped (SIGSTOP, or a debugger)'
-  return None
-
-
-def read_and_wait_for_evidence(status: WorkerStatus) -> list[str]:
-  """The stalled peers (stalled_peers), once the files can tell: a peer
-  that stopped just before this worker's error (TensorFlow may report a
-  lost peer before its file is two heartbeats old) is named once it is;
-  a live one rewrites its file, a bystander ends. Waits two heartbeats
-  and a write at most."""
-  since = time.time()
-  heartbeat = status.snapshot()['heartbeat_seconds']
-  deadline = since + 2 * heartbeat + MIN_WRITE_SECONDS + 1
-  while True:
-    now = time.time()
-    mine = status.snapshot()
-    peers = read_peers(status.workdir, mine['num_workers'])
-    peers[status.worker_index] = mine
-    stalled = stalled_peers(peers, status.worker_index, now)
-    undecided = [peer for index, peer in peers.items()
-                 if index != status.worker_index and peer is not None and
-                 peer['state'] == RUNNING and peer['time'] < since]
-    if stalled or not undecided or now > deadline:
-      return stalled
-    time.sleep(0.2)

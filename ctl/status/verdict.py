@@ -14,7 +14,7 @@ A worker whose file says it is running is judged by what else is known:
 """
 
 from ctl.cluster import worker_status
-from ctl.status import processes
+from ctl.runtime import processes
 
 RUNNING, HUNG, NOT_STARTED, UNKNOWN = ('running', 'hung', 'not started',
                                        'unknown')

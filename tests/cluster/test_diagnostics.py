@@ -21,6 +21,7 @@ import pytest
 
 from ctl import errors
 from ctl.cluster import stragglers
+from ctl.cluster import peer_evidence
 from ctl.cluster import worker_status
 from ctl.cluster import worker_timings
 from ctl.status import verdict
@@ -343,7 +344,7 @@ def test_a_peer_is_named_only_on_evidence_in_its_own_file():
   me = _status(0, progress_age=20.0)
 
   def named(peer):
-    return worker_status.stalled_peers({0: me, 1: peer, 2: _status(2)}, 0,
+    return peer_evidence.stalled_peers({0: me, 1: peer, 2: _status(2)}, 0,
                                        now)
 
   assert named(_status(1, age=12.0))[0].endswith(
@@ -376,7 +377,7 @@ def test_a_peer_on_this_machine_is_named_when_its_process_is_stopped_or_gone():
               'pid': peer.pid, 'started': now}
 
     def named():
-      return worker_status.stalled_peers({0: _status(0, now=now), 1: status},
+      return peer_evidence.stalled_peers({0: _status(0, now=now), 1: status},
                                          0, now)
 
     assert named() == []

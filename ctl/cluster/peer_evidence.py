@@ -1,0 +1,94 @@
+"""Which peers stopped making progress, named only on evidence about each
+(its own status file, or this machine's view of its process): what a
+worker's `ctl: error:` line and its diagnostics dumps say of the others."""
+
+import time
+
+from ctl import errors
+from ctl.cluster import worker_status
+from ctl.runtime import processes
+
+
+def stalled_peers(peers: dict[int, dict | None], me: int,
+                  now: float) -> list[str]:
+  """The peers that stopped making progress, each with the evidence about
+  it; [] when no peer's own file singles one out.
+
+  Only evidence about that peer names it: no file at all, a run that
+  ended other than by losing its peers (exit code 43 is a bystander's), a
+  process that this machine sees stopped or gone (a peer on the same
+  host), a file that stopped changing for two heartbeats (its writer
+  thread is silent: the process is stopped, dead or cut off), or an action
+  other than this worker's phase that it had been in for two heartbeats
+  when it last wrote (stuck in it). A step behind or another phase in a
+  file of a moment ago is no evidence: a healthy worker's file lags its
+  loop by up to a heartbeat.
+  """
+  my_phase = (peers.get(me) or {}).get('phase')
+  named = []
+  for index, status in sorted(peers.items()):
+    if index == me:
+      continue
+    if status is None:
+      named.append(f'worker {index}: wrote no status (it never started '
+                   'training)')
+      continue
+    why = _evidence(status, my_phase, now)
+    if why:
+      named.append(f'{worker_status.describe(status, now)}: {why}')
+  return named
+
+
+def _evidence(status: dict, my_phase: str | None, now: float) -> str | None:
+  """What a running or ended peer's file says against it, if anything."""
+  heartbeat = status['heartbeat_seconds']
+  if status['state'] != worker_status.RUNNING:
+    if status.get('exit_code') == errors.EXIT_PEER_FAILED:
+      return None  # It lost its peers, as this worker did.
+    return f'it ended: {status["reason"]}'
+  seen = _process_here(status)
+  if seen:
+    return seen
+  if now - status['time'] > 2 * heartbeat:
+    return 'its status stopped changing (stopped, dead or unreachable)'
+  in_phase = status['time'] - status.get('phase_time', status['time'])
+  if (status['phase'] not in worker_status.LOOP_PHASES and status['phase'] != my_phase and
+      in_phase > 2 * heartbeat):
+    return (f'in phase {status["phase"]} for {in_phase:.0f} s when it last '
+            f'wrote, not in this worker\'s ({my_phase})')
+  return None
+
+
+def _process_here(status: dict) -> str | None:
+  """What this machine says of a peer's process when it runs here (Linux's
+  /proc): stopped, or gone; None when it runs, or elsewhere."""
+  state = processes.state(status.get('host'), status['pid'],
+                          status.get('started'))
+  if state == processes.GONE:
+    return 'its process is gone'
+  if state == processes.STOPPED:
+    return 'its process is stopped (SIGSTOP, or a debugger)'
+  return None
+
+
+def read_and_wait_for_evidence(status: worker_status.WorkerStatus) -> list[str]:
+  """The stalled peers (stalled_peers), once the files can tell: a peer
+  that stopped just before this worker's error (TensorFlow may report a
+  lost peer before its file is two heartbeats old) is named once it is;
+  a live one rewrites its file, a bystander ends. Waits two heartbeats
+  and a write at most."""
+  since = time.time()
+  heartbeat = status.snapshot()['heartbeat_seconds']
+  deadline = since + 2 * heartbeat + worker_status.MIN_WRITE_SECONDS + 1
+  while True:
+    now = time.time()
+    mine = status.snapshot()
+    peers = worker_status.read_peers(status.workdir, mine['num_workers'])
+    peers[status.worker_index] = mine
+    stalled = stalled_peers(peers, status.worker_index, now)
+    undecided = [peer for index, peer in peers.items()
+                 if index != status.worker_index and peer is not None and
+                 peer['state'] == worker_status.RUNNING and peer['time'] < since]
+    if stalled or not undecided or now > deadline:
+      return stalled
+    time.sleep(0.2)
