@@ -23,8 +23,9 @@ import postgres
 
 # One epoch of 16 steps of a tiny task, evaluated every 8.
 _OWN_TASK = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
-# Six epochs of 22 steps, a checkpoint each epoch, an evaluation every 11.
-_LONG = {'num_epochs': 6, 'batch_size': 64, 'intervals.eval_steps': 11}
+# 30 epochs of 22 steps, a checkpoint each epoch, an evaluation every 11:
+# long enough to run on through a storage's outage of a few seconds.
+_LONG = {'num_epochs': 30, 'batch_size': 64, 'intervals.eval_steps': 11}
 
 
 def _own_task_search(path: pathlib.Path, num_trials: int) -> str:
@@ -41,7 +42,7 @@ def _own_task_search(path: pathlib.Path, num_trials: int) -> str:
 
 
 def _digits_search(path: pathlib.Path) -> str:
-  """A sweep file: two digits trials of 132 steps, reported every 11."""
+  """A sweep file: two digits trials of 660 steps, reported every 11."""
   path.write_text(
       'from ctl import hyper\n\n'
       'def get_sweep():\n'
@@ -215,3 +216,26 @@ def test_a_postgresql_gone_too_long_stops_the_sweep_trials_resumable(
   assert re.search(r'Restored \S*ckpt-\d+', log.read_text())
   assert [trial.state.name for trial in _trials(workdir, storage)] == [
       'COMPLETE', 'COMPLETE']
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_sweep_waiting_for_its_storage(own_server, tmp_path):
+  storage = own_server.create_database(f'study_{uuid.uuid4().hex[:8]}')
+  workdir = tmp_path / 'sweep'
+  run = helpers.Watched(_command(_digits_search(tmp_path / 's.py'), workdir,
+                                 f'--storage={storage}'))  # Waits 600 s.
+  log = workdir / 'trial-0000' / 'log.txt'
+  _wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ', run)
+  own_server.halt()
+  run.wait_for(r'\[sweep\] the study storage .* does not answer')
+  run.process.send_signal(signal.SIGTERM)
+  assert run.wait(timeout=300) == errors.EXIT_PREEMPTED, run.output[-3000:]
+  assert 'Traceback' not in run.output
+  assert [line for line in run.output.splitlines()
+          if line.startswith('ctl.sweep: ')] == [
+              f'ctl.sweep: The study storage postgresql+psycopg://ctl@'
+              f'127.0.0.1:{own_server.port}/{storage.rsplit("/", 1)[1]} '
+              'does not answer: ' + run.output.split(' does not answer: ')[-1]
+              .splitlines()[0]]
+  record = json.loads((workdir / 'trial-0000' / 'trial.json').read_text())
+  assert record['exit_code'] == errors.EXIT_PREEMPTED  # With a checkpoint.
