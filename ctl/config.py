@@ -200,10 +200,13 @@ def base_config() -> ml_collections.ConfigDict:
   # (ctl/cluster/watchdog.py); 0 waits forever. Making the task's data and
   # pipelines does not count. Must exceed the longest checkpoint save or
   # restore, action, and the first step (its tracing and first input).
+  # TensorFlow's heartbeat between the workers is set to twice it
+  # (ctl/cluster/coordination.py): a worker frozen for less costs time.
   config.distribution.timeout_seconds = 600.0
   # Seconds a worker waits at start-up for every task of the cluster to
   # join; after that it exits with code 43 naming the tasks that did not
   # arrive (a scheduler or ctl.launch restarts it). 0 waits forever.
+  # TensorFlow's own registration of the tasks gets what is left of it.
   config.distribution.startup_timeout_seconds = 300.0
   # Gradients are all-reduced in this dtype: 'float32', or 'bfloat16' /
   # 'float16' to halve the bytes sent (at some precision).
