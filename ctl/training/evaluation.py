@@ -1,8 +1,8 @@
 """One pass over each of a task's eval sets: logs, metrics, whole-pass results.
 
 A tf.data set is read through `distribute_datasets_from_function`, whose
-iterator agrees across workers on the end of the data (replicas without
-data get an empty batch). A `ctl.InMemory` set needs no iterator: each
+iterator agrees across workers on the end of the data (a replica without
+data gets an empty batch, on which eval_step is not called). A `ctl.InMemory` set needs no iterator: each
 replica gathers its share of each batch from the arrays (`InMemory.
 eval_batch`), as training does. Per batch, a tf.function runs the task's
 eval_step on every replica; scalar logs are summed locally, weighted by
@@ -174,14 +174,26 @@ class Evaluator:
     return self._functions[function_key]
 
   def _eval_replica(self, batch, step):
+    """This replica's (weighted scalar logs, per-example outputs) of
+    eval_step; a replica without examples (past the end of a set) does not
+    call it: an empty batch, whose other dimensions may be 0 too, fails
+    some models (a Keras GRU over 0 time steps)."""
     ctx = task_lib.StepContext(
         global_batch_size=self._eval_batch_size, step=step, seed=self._seed,
         training=False)
-    outputs = task_calls.check_logs(
-        task_calls.call_step(
-            task_calls.task_function(self._task.eval_step, self._autograph),
-            batch, ctx, 'eval_step'),
-        'eval_step', scalars_only=False)
+    traced = []  # The outputs eval_step gives, for the empty case's form.
+
+    def evaluate():
+      outputs = task_calls.check_logs(
+          task_calls.call_step(
+              task_calls.task_function(self._task.eval_step, self._autograph),
+              batch, ctx, 'eval_step'),
+          'eval_step', scalars_only=False)
+      traced.append(outputs)
+      return outputs
+
+    outputs = tf.cond(task_calls.batch_size(batch) > 0, evaluate,
+                      lambda: _no_examples(traced[-1]))
     scalars = {key: value for key, value in outputs.items()
                if value.shape.rank == 0}
     per_example = {key: value for key, value in outputs.items()
@@ -199,6 +211,19 @@ class Evaluator:
     examples = totals.pop(task_calls.EXAMPLES)
     return {key: float(value / examples) if examples else float('nan')
             for key, value in totals.items()}
+
+
+def _no_examples(outputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+  """eval_step's outputs for no examples: each scalar 0 (weighted by 0
+  examples), each per-example output 0 rows (its other dimensions as
+  traced, 0 where unknown)."""
+  empty = {}
+  for key, value in outputs.items():
+    inner = value.shape.as_list()[1:] if value.shape.rank else []
+    empty[key] = tf.zeros(
+        [] if value.shape.rank == 0 else [0] + [size or 0 for size in inner],
+        value.dtype)
+  return empty
 
 
 class TrainingEvaluation(actions_lib.Action):

@@ -87,3 +87,24 @@ def test_two_replicas_evaluate_each_example_once_in_order(tmp_path):
   for name in ('mse', 'mae'):
     np.testing.assert_allclose(two_replicas[name], one_replica[name],
                                rtol=1e-6, err_msg=name)
+
+
+def test_a_replica_past_the_end_of_an_eval_set_gets_no_eval_step(tmp_path):
+  # tests/sequence_tasks.py: a Keras GRU over token sequences padded per
+  # batch. 80 eval examples in batches of 30 a replica: the last batch's
+  # second replica has no examples, an empty batch of length 0, on which the
+  # GRU fails (TensorListStack); ctl does not call eval_step there.
+  gru = f'--config={helpers.REPO / "tests" / "configs" / "gru.py"}'
+  two = helpers.Watched(_on_two_devices(gru, MIRRORED,
+                                        f'--workdir={tmp_path / "two"}'))
+  assert two.wait() == 0, two.output[-3000:]
+  assert '2 replica(s) in sync' in two.output
+  one = helpers.run_ctl(gru, f'--workdir={tmp_path / "one"}')
+  assert one.returncode == 0, one.stderr[-3000:]
+  two_replicas = helpers.read_results(tmp_path / 'two')['eval']
+  one_replica = helpers.read_results(tmp_path / 'one')['eval']
+  assert two_replicas['examples'] == one_replica['examples'] == 80
+  assert two_replicas['labels_in_order'] == 1.0
+  for name in ('loss', 'accuracy'):
+    np.testing.assert_allclose(two_replicas[name], one_replica[name],
+                               rtol=1e-4, err_msg=name)
