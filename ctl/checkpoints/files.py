@@ -45,6 +45,12 @@ def remove_checkpoint(prefix: str) -> None:
   storage.remove(f'{prefix}_temp')
 
 
+def make_durable(prefix: str) -> None:
+  """Flushes checkpoint `prefix`'s files, and the folder naming them, to
+  the disk (locally; an object store's uploads are durable already)."""
+  storage.sync([*storage.glob(f'{prefix}.*'), os.path.dirname(prefix)])
+
+
 def is_whole(prefix: str) -> bool:
   """Whether checkpoint `prefix` has its index and every data shard.
 
