@@ -60,7 +60,7 @@ class Checkpointer:
       # Needs tf_internals.fix_keras_async_checkpoint_copy (applied at
       # start-up) for Keras 3 variables.
       self._options = tf.train.CheckpointOptions(enable_async=True)
-    _check_state_file(directory)
+    checkpoint_files.check_state_file(directory)
     # Every worker reads the chief's checkpoints; creating a manager writes
     # nothing.
     self._read_manager = tf.train.CheckpointManager(
@@ -189,11 +189,11 @@ class Checkpointer:
     TensorFlow runs a save's write callbacks in their list's order, once
     its files are written (on the write's thread, when asynchronous);
     CheckpointManager.save appends to the list (of a copy of the options:
-    _SharedList keeps it the same list) the callback that writes the state
+    SharedList keeps it the same list) the callback that writes the state
     file. So the first callback flushes the files and appends the last
     one, which runs after the state file is written.
     """
-    callbacks = _SharedList()
+    callbacks = checkpoint_files.SharedList()
 
     def files_written(path: str) -> None:
       checkpoint_files.make_durable(path)
@@ -244,14 +244,6 @@ class Checkpointer:
       if error is not None:
         raise error
 
-
-
-class _SharedList(list):
-  """A list that copy.copy returns as itself (CheckpointOptions copies its
-  callbacks' list on each copy of the options)."""
-
-  def __copy__(self) -> '_SharedList':
-    return self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,24 +344,3 @@ class TrainingCheckpoint(actions_lib.Action):
     if self._workdir_lock.lost():
       raise workdir_lib.vanished(
           self._workdir, 'the folder this run locked is no longer there')
-
-
-def _check_state_file(directory: str) -> None:
-  """Fails if the state file naming the checkpoints exists but is unreadable.
-
-  tf.train.CheckpointManager would log a warning and start from scratch,
-  overwriting the checkpoints. (A missing state file only means that the
-  first save never completed: it is written last, atomically.)
-  """
-  state_file = os.path.join(directory, 'checkpoint')
-  if not storage.exists(state_file):
-    return
-  try:
-    readable = tf.train.get_checkpoint_state(directory) is not None
-  except ValueError:  # Parsed, but names no checkpoint.
-    readable = False
-  if not readable:
-    raise errors.CtlError(
-        f'The checkpoint state file {state_file} cannot be read, so the '
-        'latest checkpoint is unknown. It and the checkpoints were left '
-        'untouched: repair or remove it, or train in a new --workdir.')
