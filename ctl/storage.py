@@ -195,6 +195,20 @@ def write_text(path: str, text: str) -> None:
   os.replace(temporary, path)
 
 
+def sync(paths: list[str]) -> None:
+  """Flushes local files and folders (a folder: its entries, e.g. a
+  rename into it) to the disk, so that a power cut keeps them; nothing on
+  an object store, where an upload is durable once it returns."""
+  for path in paths:
+    if not is_local(path):
+      continue
+    descriptor = os.open(path.removeprefix('file://'), os.O_RDONLY)
+    try:
+      os.fsync(descriptor)
+    finally:
+      os.close(descriptor)
+
+
 def write_bytes(path: str, data: bytes) -> None:
   """Writes a file (one upload on an object store)."""
   with _gfile().GFile(path, 'wb') as file:

@@ -204,6 +204,7 @@ class BestCheckpoint:
                       'names the previous best, if any.', step, self._record)
       checkpoint_files.remove_checkpoint(path)
       return
+    checkpoint_files.make_durable(path)  # Before best.json names it.
     storage.write_json(self._record, {
         'step': step, 'checkpoint': name, 'metric': self._metric,
         'mode': self._mode, 'value': value, 'eval': metrics})

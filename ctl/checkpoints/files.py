@@ -1,10 +1,11 @@
 """A checkpoint's files: copied (hard links where the filesystem has them),
-removed, listed, and checked whole."""
+removed, listed, checked whole and made durable; its state file checked."""
 
 import os
 
 import tensorflow as tf
 
+from ctl import errors
 from ctl import storage
 
 
@@ -45,6 +46,12 @@ def remove_checkpoint(prefix: str) -> None:
   storage.remove(f'{prefix}_temp')
 
 
+def make_durable(prefix: str) -> None:
+  """Flushes checkpoint `prefix`'s files, and the folder naming them, to
+  the disk (locally; an object store's uploads are durable already)."""
+  storage.sync([*storage.glob(f'{prefix}.*'), os.path.dirname(prefix)])
+
+
 def is_whole(prefix: str) -> bool:
   """Whether checkpoint `prefix` has its index and every data shard.
 
@@ -73,3 +80,32 @@ def listed(directory: str) -> list[tuple[int, str]]:
            else os.path.join(directory, path)
            for path in state.all_model_checkpoint_paths]
   return sorted((step_of(path), path) for path in paths)
+
+
+class SharedList(list):
+  """A list that copy.copy returns as itself (CheckpointOptions copies its
+  callbacks' list on each copy of the options)."""
+
+  def __copy__(self) -> 'SharedList':
+    return self
+
+
+def check_state_file(directory: str) -> None:
+  """Fails if the state file naming the checkpoints exists but is unreadable.
+
+  tf.train.CheckpointManager would log a warning and start from scratch,
+  overwriting the checkpoints. (A missing state file only means that the
+  first save never completed: it is written last, atomically.)
+  """
+  state_file = os.path.join(directory, 'checkpoint')
+  if not storage.exists(state_file):
+    return
+  try:
+    readable = tf.train.get_checkpoint_state(directory) is not None
+  except ValueError:  # Parsed, but names no checkpoint.
+    readable = False
+  if not readable:
+    raise errors.CtlError(
+        f'The checkpoint state file {state_file} cannot be read, so the '
+        'latest checkpoint is unknown. It and the checkpoints were left '
+        'untouched: repair or remove it, or train in a new --workdir.')

@@ -10,7 +10,9 @@ A save is crash-safe: tf.train.CheckpointManager writes the new
 checkpoint's files completely before it atomically rewrites the
 `checkpoint` state file that names the latest one, and deletes old
 checkpoints only after that. A kill at any moment leaves the previous or the
-new checkpoint as the latest, whole.
+new checkpoint as the latest, whole. The files are flushed to the disk
+before the state file names them, and "Saved <path>" is logged only once
+it does (Checkpointer.save).
 """
 
 from collections.abc import Sequence
@@ -58,7 +60,7 @@ class Checkpointer:
       # Needs tf_internals.fix_keras_async_checkpoint_copy (applied at
       # start-up) for Keras 3 variables.
       self._options = tf.train.CheckpointOptions(enable_async=True)
-    _check_state_file(directory)
+    checkpoint_files.check_state_file(directory)
     # Every worker reads the chief's checkpoints; creating a manager writes
     # nothing.
     self._read_manager = tf.train.CheckpointManager(
@@ -163,19 +165,49 @@ class Checkpointer:
   def save(self, step: int) -> None:
     """Saves the state as checkpoint number `step` (on every worker).
 
-    A step already saved (or just restored) is not saved again.
+    A step already saved (or just restored) is not saved again. The
+    chief logs "Saved <path>" once the checkpoint is durable: its files
+    written and flushed to the disk, then the state file naming it (a
+    background write's, later, from its thread).
     """
     if step == self._last_saved_step:
       return
-    path = self._write_manager.save(checkpoint_number=step,
-                                    options=self._options)
-    self._last_saved_step = step
     if self._scratch_directory is None:
-      logging.info('Saved %s', path)
+      self._write_manager.save(checkpoint_number=step,
+                               options=self._durable_save_options())
     else:
+      self._write_manager.save(checkpoint_number=step)
       storage.remove(self._scratch_directory)
       logging.info('Took part in saving checkpoint %d (the chief writes it)',
                    step)
+    self._last_saved_step = step
+
+  def _durable_save_options(self) -> tf.train.CheckpointOptions:
+    """Options of a chief's save whose write callbacks make it durable and
+    then log it.
+
+    TensorFlow runs a save's write callbacks in their list's order, once
+    its files are written (on the write's thread, when asynchronous);
+    CheckpointManager.save appends to the list (of a copy of the options:
+    SharedList keeps it the same list) the callback that writes the state
+    file. So the first callback flushes the files and appends the last
+    one, which runs after the state file is written.
+    """
+    callbacks = checkpoint_files.SharedList()
+
+    def files_written(path: str) -> None:
+      checkpoint_files.make_durable(path)
+      callbacks.append(state_written)
+
+    def state_written(path: str) -> None:
+      storage.sync([os.path.join(self.directory, 'checkpoint'),
+                    self.directory])
+      logging.info('Saved %s', path)
+
+    callbacks.append(files_written)
+    return tf.train.CheckpointOptions(
+        enable_async=self._options is not None,
+        experimental_write_callbacks=callbacks)
 
   def write_copy(self, prefix: str | None) -> None:
     """Writes the state now, outside the rotation, at `prefix` (the chief;
@@ -312,24 +344,3 @@ class TrainingCheckpoint(actions_lib.Action):
     if self._workdir_lock.lost():
       raise workdir_lib.vanished(
           self._workdir, 'the folder this run locked is no longer there')
-
-
-def _check_state_file(directory: str) -> None:
-  """Fails if the state file naming the checkpoints exists but is unreadable.
-
-  tf.train.CheckpointManager would log a warning and start from scratch,
-  overwriting the checkpoints. (A missing state file only means that the
-  first save never completed: it is written last, atomically.)
-  """
-  state_file = os.path.join(directory, 'checkpoint')
-  if not storage.exists(state_file):
-    return
-  try:
-    readable = tf.train.get_checkpoint_state(directory) is not None
-  except ValueError:  # Parsed, but names no checkpoint.
-    readable = False
-  if not readable:
-    raise errors.CtlError(
-        f'The checkpoint state file {state_file} cannot be read, so the '
-        'latest checkpoint is unknown. It and the checkpoints were left '
-        'untouched: repair or remove it, or train in a new --workdir.')

@@ -16,7 +16,8 @@ workdir/mlflow_pending.jsonl and a thread sends it; a value leaves that
 file once MLflow acknowledged it. While the server is down or stopped,
 values wait there (sent again every few seconds); a run killed meanwhile
 leaves them for the next run in the workdir, which sends them first. The
-end of training waits up to a minute for the last ones.
+end of training waits up to a minute for the last ones, then leaves them
+to the same command run again ("already finished": send_left_over).
 """
 
 from collections.abc import Mapping
@@ -171,20 +172,35 @@ class MlflowLogger(actions.Action):
       logging.warning('MLflow: %d values not sent were dropped, the oldest '
                       '(over %d held while the server does not take them).',
                       dropped, mlflow_pending.MAX_PENDING)
+    self._send_soon(finish=event.end)
+
+  def send_left_over(self) -> None:
+    """Training had finished before this run: sends what it left unsent
+    (the server was down) and marks the MLflow run FINISHED if it is not."""
+    run_id = recorded_run(self._workdir)
+    if run_id is None:
+      return
+    try:
+      finished = self._mlflow.get_run(run_id).info.status == 'FINISHED'
+    except Exception:  # pylint: disable=broad-except
+      finished = False
+    if len(self._pending) or not finished:
+      logging.info('MLflow: sending the %d values run %s was left without, '
+                   'and finishing it.', len(self._pending), run_id)
+      self._send_soon(finish=True)
+
+  def _send_soon(self, finish: bool) -> None:
+    """Wakes the sender thread (started once); once training has ended
+    (`finish`), waits a bounded time for the values to be sent and the run
+    to be marked FINISHED."""
     if self._sender is None:
       self._sender = threading.Thread(target=self._send_until_finished,
                                       name='ctl-mlflow', daemon=True)
       self._sender.start()
-    if event.end:
+    if finish:
       self._ending.set()
     self._wake.set()
-    if event.end:
-      self._wait_until_finished()
-
-  def _wait_until_finished(self) -> None:
-    """Training has ended: waits, a bounded time, for the values to be
-    sent and the run to be marked FINISHED."""
-    if not self._finished.wait(_END_WAIT_SECS):
+    if finish and not self._finished.wait(_END_WAIT_SECS):
       logging.warning(
           'MLflow did not take the last %d values within %d s; they are '
           'kept in %s and sent by the next run in this workdir.',

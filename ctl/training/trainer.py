@@ -295,6 +295,9 @@ class Trainer:
     """restore_or_start, train and finish."""
     results = self.restore_or_start()
     if results is not None:
+      for action in self.task_actions:  # Only a run's end sends them.
+        if isinstance(action, mlflow_logger.MlflowLogger):
+          action.send_left_over()
       return {**results, 'finished_now': False}
     try:
       outcome = self.train()

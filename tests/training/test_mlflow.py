@@ -182,6 +182,40 @@ def test_values_logged_while_the_server_is_stopped_survive_a_kill(
 
 
 @pytest.mark.slow
+def test_values_of_a_run_that_ended_while_the_server_was_stopped_are_sent(
+    server, server_directory, tmp_path):
+  # They stayed in mlflow_pending.jsonl for good: the same command again
+  # said "already finished" and sent none; the MLflow run stayed RUNNING.
+  flags = (*FLAGS, f'--config.mlflow.tracking_uri={server}',
+           '--config.mlflow.experiment=ended-in-outage')
+  workdir = tmp_path / 'run'
+  job = helpers.Watched(helpers.ctl_command(*flags, f'--workdir={workdir}'))
+  job.wait_for('MLflow: run ', timeout=600)
+  job.wait_for(r'step 8/88 ')
+  stopped = _server_processes(server_directory)
+  try:
+    for pid in stopped:
+      os.kill(pid, signal.SIGSTOP)
+    # The end waits a bounded time for the server, then keeps the values.
+    assert job.wait() == 0, job.output[-3000:]
+  finally:
+    for pid in stopped:
+      os.kill(pid, signal.SIGCONT)
+  assert 'MLflow did not take the last' in job.output
+  assert (workdir / 'mlflow_pending.jsonl').stat().st_size > 0
+  client = tracking.MlflowClient(server)
+  assert _run_of(client, workdir).info.status == 'RUNNING'
+
+  again = helpers.run_ctl(*flags, f'--workdir={workdir}')
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert 'Training already finished' in again.stderr
+  run = _run_of(client, workdir)
+  assert run.info.status == 'FINISHED'
+  _assert_logged_once_as_in_csv(client, run.info.run_id, workdir)
+  assert not (workdir / 'mlflow_pending.jsonl').exists()
+
+
+@pytest.mark.slow
 def test_a_sweeps_trials_are_children_of_one_parent_run(server, tmp_path):
   sweep_file = tmp_path / 'my_sweep.py'
   sweep_file.write_text(

@@ -129,7 +129,8 @@ def ctl_fingerprint(trainer) -> str:
 
 # Run as `python -c`: the default command, with a log handler that keeps
 # the ctl modules of the call stack when the first checkpoint is saved
-# (Checkpointer.save logs "Saved <path>" right after writing it).
+# (Checkpointer.save logs "Saved <path>" once it is written: on the
+# training thread when the save is not asynchronous).
 _STACK_AT_SAVE = r'''
 import inspect, json, logging, os, runpy, sys
 import ctl
@@ -156,7 +157,7 @@ def test_the_default_run_calls_down_only_to_its_first_save(tmp_path):
   process = subprocess.run(
       [sys.executable, '-c', _STACK_AT_SAVE, str(stack_file),
        f'--config={helpers.DIGITS}', f'--workdir={tmp_path / "run"}',
-       '--config.num_epochs=1'],
+       '--config.num_epochs=1', '--config.intervals.async_checkpoint=False'],
       capture_output=True, text=True, timeout=600, check=False,
       env=helpers.env_with())
   assert process.returncode == 0, process.stderr[-3000:]
