@@ -167,11 +167,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.profile.num_steps = 0
 
   # Seeing into a multi-worker job (README, "Diagnosing a multi-worker
-  # job"). The chief names a worker whose own work per step (CPU time and
-  # the time it was kept from running) or whose wait for its input per
-  # step exceeds straggler_factor times the other workers' in both halves
-  # of its last straggler_seconds, as compute-bound or input-bound, and
-  # names it again when it recovers. 0 straggler_factor: no check.
+  # job"). The chief names a worker whose work per step (CPU time, time kept
+  # from running) or input wait per step exceeds straggler_factor times the
+  # others' in both halves of its last straggler_seconds, as compute- or
+  # input-bound, and again when it recovers. 0 straggler_factor: no check.
   config.diagnostics = ml_collections.ConfigDict()
   config.diagnostics.straggler_factor = 1.5
   config.diagnostics.straggler_seconds = 4.0
@@ -195,18 +194,16 @@ def base_config() -> ml_collections.ConfigDict:
   # Cross-worker all-reduce: 'AUTO', 'RING' or 'NCCL'.
   config.distribution.collective = 'AUTO'
   # Seconds a worker may go without progress (a step, an evaluation batch,
-  # an action) while it trains before the job fails (exit code 43), so
-  # that a dead or hung worker never blocks the others forever
-  # (ctl/cluster/watchdog.py); 0 waits forever. Making the task's data and
-  # pipelines does not count. Must exceed the longest checkpoint save or
-  # restore, action, and the first step (its tracing and first input).
-  # TensorFlow's heartbeat between the workers is set to twice it
-  # (ctl/cluster/coordination.py): a worker frozen for less costs time.
+  # an action) while it trains before the job fails (exit code 43): a dead
+  # or hung worker never blocks the others (ctl/cluster/watchdog.py; 0
+  # waits forever). Making the data does not count. Must exceed the longest
+  # checkpoint save or restore, action, and the first step (its tracing).
+  # TensorFlow's heartbeat is twice it (ctl/cluster/coordination.py).
   config.distribution.timeout_seconds = 600.0
   # Seconds a worker waits at start-up for every task of the cluster to
-  # join; after that it exits with code 43 naming the tasks that did not
-  # arrive (a scheduler or ctl.launch restarts it). 0 waits forever.
-  # TensorFlow's own registration of the tasks gets what is left of it.
+  # join, then exits 43 naming the tasks that did not arrive (a scheduler
+  # or ctl.launch restarts it; 0 waits forever); TensorFlow's own
+  # registration of the tasks gets what is left of it.
   config.distribution.startup_timeout_seconds = 300.0
   # Gradients are all-reduced in this dtype: 'float32', or 'bfloat16' /
   # 'float16' to halve the bytes sent (at some precision).
@@ -281,8 +278,8 @@ def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
                        argv: Sequence[str] | None = None):
   """Defines --config: a config file, locked, overridable by --config.key=v.
 
-  Overrides are read from argv (sys.argv by default) when it is parsed; a
-  file of an earlier release gets the fields it lacks first (config_upgrade).
+  Overrides come from argv (sys.argv by default); an old release's file
+  gets the fields it lacks first (config_upgrade).
   """
   return config_upgrade.define_config_file(
       'config', 'Training config file, e.g. configs/digits.py.',
