@@ -59,6 +59,7 @@ class PostgresServer:
     self._root = pathlib.Path(tempfile.mkdtemp(prefix='ctl-postgres-'))
     self._data = self._root / 'data'
     self._bin = self._found[0]
+    self.halted = False  # By halt(), until start_again().
 
   def _as_user(self, *command: str) -> None:
     """Runs a PostgreSQL program as the server's user (`nobody` when root)."""
@@ -115,10 +116,12 @@ class PostgresServer:
     """Stops the server as a restart does, keeping its data and port."""
     self._as_user(str(self._bin / 'pg_ctl'), '-D', str(self._data), '-m',
                   'fast', 'stop')
+    self.halted = True
 
   def start_again(self) -> None:
     """Starts a halted server on the same data and port."""
     self._pg_ctl_start()
+    self.halted = False
 
 def _unprivileged() -> dict:
   """subprocess.run's arguments that drop root to USER (none otherwise)."""
