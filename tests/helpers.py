@@ -155,6 +155,35 @@ def wait_for_glob(directory: pathlib.Path, pattern: str, process,
     time.sleep(0.005)
 
 
+def wait_for_line(path: pathlib.Path, pattern: str, process,
+                  timeout: float = 300) -> None:
+  """Waits until the file has a line matching pattern, while process (a
+  Popen, or a Watched) runs."""
+  popen = getattr(process, 'process', process)
+  deadline = time.monotonic() + timeout
+  while not (path.exists() and re.search(pattern, path.read_text(),
+                                         re.MULTILINE)):
+    assert popen.poll() is None, (
+        f'exited before {pattern!r}: '
+        f'{getattr(process, "output", "")[-3000:]}')
+    assert time.monotonic() < deadline, f'no {pattern!r} within {timeout} s'
+    time.sleep(0.05)
+
+
+def assert_sweep_refused(run, message: str, workdir: pathlib.Path) -> None:
+  """The sweep exited 2 with one `ctl.sweep: error:` message containing
+  message, nothing else printed, nothing written (no workdir)."""
+  from ctl import errors  # pylint: disable=g-import-not-at-top
+  assert run.wait() == errors.EXIT_USAGE, run.output[-3000:]
+  # No traceback, and none of TensorFlow's start-up lines (run with
+  # TF_CPP_MIN_LOG_LEVEL=3, which does not hide them).
+  first, *rest = run.output.splitlines()
+  assert first.startswith('ctl.sweep: error: '), run.output[-3000:]
+  assert all(line.startswith('  ') for line in rest), run.output[-3000:]
+  assert message in run.output, run.output[-3000:]
+  assert not workdir.exists()
+
+
 def assert_same_model(checkpoint, reference, atol: float) -> int:
   """Asserts two ctl checkpoints' model weights agree to within atol.
 

@@ -145,20 +145,6 @@ def test_a_search_refuses_what_its_study_could_not_sample_or_seed(tmp_path):
   assert not list(tmp_path.iterdir())
 
 
-def _assert_refused(run: helpers.Watched, message: str,
-                    workdir: pathlib.Path) -> None:
-  """The run exited 2 with one `ctl.sweep: error:` message containing
-  message, nothing else printed, nothing written (no study.journal)."""
-  assert run.wait() == errors.EXIT_USAGE, run.output[-3000:]
-  # No traceback, and none of TensorFlow's start-up lines (run with
-  # TF_CPP_MIN_LOG_LEVEL=3, which does not hide them).
-  first, *rest = run.output.splitlines()
-  assert first.startswith('ctl.sweep: error: '), run.output[-3000:]
-  assert all(line.startswith('  ') for line in rest), run.output[-3000:]
-  assert message in run.output, run.output[-3000:]
-  assert not workdir.exists()
-
-
 HOSTILE_SEARCHES = {
     # Was a traceback, and the rerun made a trial COMPLETE without values.
     'reversed_bounds': (
@@ -184,7 +170,7 @@ def test_a_hostile_search_is_one_line_before_anything_is_written(
                             f'{space}, num_trials=1{options})')
   run = helpers.Watched(_command(sweep_file, tmp_path / 'sweep'),
                         env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
-  _assert_refused(run, message, tmp_path / 'sweep')
+  helpers.assert_sweep_refused(run, message, tmp_path / 'sweep')
 
 
 def test_a_study_name_that_is_not_utf8_is_refused_before_anything_is_written(
@@ -198,7 +184,7 @@ def test_a_study_name_that_is_not_utf8_is_refused_before_anything_is_written(
   run = helpers.Watched(_command(sweep_file, tmp_path / 'sweep', '',
                                  '--study=st\udcff'),
                         env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
-  _assert_refused(run, '--study=st\\xff is not UTF-8 text',
+  helpers.assert_sweep_refused(run, '--study=st\\xff is not UTF-8 text',
                   tmp_path / 'sweep')
 
 
@@ -379,17 +365,6 @@ def test_two_sweep_processes_run_one_study_and_prune(shared_search):
   assert f'best: {best["trial"]}' in outputs[0] + outputs[1]
 
 
-def _wait_for_line(path: pathlib.Path, pattern: str, process,
-                   timeout: float = 300) -> None:
-  """Waits until the file has a line matching pattern, while process runs."""
-  deadline = time.monotonic() + timeout
-  while not (path.exists() and re.search(pattern, path.read_text(),
-                                         re.MULTILINE)):
-    assert process.poll() is None, f'exited before {pattern!r}'
-    assert time.monotonic() < deadline, f'no {pattern!r} within {timeout} s'
-    time.sleep(0.05)
-
-
 # Six epochs of 22 steps, a checkpoint each epoch, an evaluation every 11.
 LONG = {'num_epochs': 6, 'batch_size': 64, 'intervals.eval_steps': 11,
         'deterministic': True}
@@ -423,7 +398,7 @@ def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
   first = helpers.Watched(_command(sweep_file, workdir, storage))
   # Killed after reporting an evaluation it has no checkpoint of: the
   # resumed trial evaluates that step again.
-  _wait_for_line(trial_dir / 'log.txt',
+  helpers.wait_for_line(trial_dir / 'log.txt',
                  rf'Reported eval accuracy \S+ at step {kill_step} ',
                  first.process)
   first.process.send_signal(signal.SIGKILL)
@@ -493,7 +468,7 @@ def test_a_trial_killed_by_a_signal_is_restarted_from_its_checkpoint(
   trial_dir = workdir / 'trial-0000'
   run = helpers.Watched(_command(sweep_file, workdir))
   pid = int(run.wait_for(r'trial-0000: started \(pid (\d+)\)')[1])
-  _wait_for_line(trial_dir / 'log.txt',
+  helpers.wait_for_line(trial_dir / 'log.txt',
                  rf'Reported eval accuracy \S+ at step {kill_step} ',
                  run.process)
   os.kill(pid, signal.SIGKILL)

@@ -110,17 +110,6 @@ def _trial_pid(run: helpers.Watched, start: int, timeout: float = 300) -> int:
     time.sleep(0.05)
 
 
-def _wait_for_line(path: pathlib.Path, pattern: str, run: helpers.Watched,
-                   timeout: float = 300) -> None:
-  """Waits until the file has a line matching pattern, while run runs."""
-  deadline = time.monotonic() + timeout
-  while not (path.exists() and re.search(pattern, path.read_text(),
-                                         re.MULTILINE)):
-    assert run.process.poll() is None, run.output[-3000:]
-    assert time.monotonic() < deadline, f'no {pattern!r} within {timeout} s'
-    time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_a_cut_last_journal_record_is_moved_aside_not_appended_onto(
     tmp_path):
@@ -157,12 +146,12 @@ def test_a_postgresql_restart_mid_sweep_is_waited_out(own_server, tmp_path):
   run = helpers.Watched(_command(_digits_search(tmp_path / 's.py'), workdir,
                                  f'--storage={storage}'))
   log = workdir / 'trial-0000' / 'log.txt'
-  _wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ',
+  helpers.wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ',
                  run)
   own_server.halt()
   run.wait_for(r'\[sweep\] the study storage .* does not answer')
   # The trial trains on, its reports not taken.
-  _wait_for_line(log, r"The study did not take step \d+'s eval",
+  helpers.wait_for_line(log, r"The study did not take step \d+'s eval",
                  run)
   assert run.process.poll() is None, run.output[-3000:]
   own_server.start_again()
@@ -185,7 +174,7 @@ def test_a_postgresql_gone_too_long_stops_the_sweep_trials_resumable(
                      f'--storage={storage}', '--storage_wait_seconds=3')
   run = helpers.Watched(command)
   log = workdir / 'trial-0000' / 'log.txt'
-  _wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ',
+  helpers.wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ',
                  run)
   own_server.halt()
   assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
@@ -222,7 +211,7 @@ def test_sigterm_stops_a_sweep_waiting_for_its_storage(own_server, tmp_path):
   run = helpers.Watched(_command(_digits_search(tmp_path / 's.py'), workdir,
                                  f'--storage={storage}'))  # Waits 600 s.
   log = workdir / 'trial-0000' / 'log.txt'
-  _wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ', run)
+  helpers.wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ', run)
   own_server.halt()
   run.wait_for(r'\[sweep\] the study storage .* does not answer')
   run.process.send_signal(signal.SIGTERM)

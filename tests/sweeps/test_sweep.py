@@ -221,20 +221,6 @@ def test_hyper_refuses_what_it_cannot_sample_or_run():
   assert hyper.uniform(0.1, 0.1).low == 0.1
 
 
-def _assert_refused(run: helpers.Watched, message: str,
-                    workdir: pathlib.Path) -> None:
-  """The run exited 2 with one `ctl.sweep: error:` message containing
-  message, nothing else printed, nothing written."""
-  assert run.wait() == errors.EXIT_USAGE, run.output[-3000:]
-  # No traceback, and none of TensorFlow's start-up lines (run with
-  # TF_CPP_MIN_LOG_LEVEL=3, which does not hide them).
-  first, *rest = run.output.splitlines()
-  assert first.startswith('ctl.sweep: error: '), run.output[-3000:]
-  assert all(line.startswith('  ') for line in rest), run.output[-3000:]
-  assert message in run.output, run.output[-3000:]
-  assert not workdir.exists()
-
-
 HOSTILE_SWEEPS = {
     'num_workers_str': (
         f"return hyper.Sweep(config={helpers.DIGITS!r}, trials=[{{}}], "
@@ -254,7 +240,7 @@ def test_a_hostile_sweep_file_is_one_line_before_anything_is_written(
                         f'def get_sweep():\n  {body}\n')
   run = helpers.Watched(_sweep_command(sweep_file, tmp_path / 'sweep'),
                         env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
-  _assert_refused(run, message, tmp_path / 'sweep')
+  helpers.assert_sweep_refused(run, message, tmp_path / 'sweep')
 
 
 def test_a_workdir_that_is_not_utf8_is_refused_before_anything_is_written(
@@ -265,7 +251,7 @@ def test_a_workdir_that_is_not_utf8_is_refused_before_anything_is_written(
   workdir = tmp_path / 'sweep\udcff'
   run = helpers.Watched(_sweep_command(sweep_file, workdir),
                         env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
-  _assert_refused(run, f'--workdir={tmp_path}/sweep\\xff is not UTF-8 text',
+  helpers.assert_sweep_refused(run, f'--workdir={tmp_path}/sweep\\xff is not UTF-8 text',
                   workdir)
 
 
