@@ -71,6 +71,21 @@ def _process_here(status: dict) -> str | None:
   return None
 
 
+def gone_here(status: worker_status.WorkerStatus) -> str | None:
+  """The first peer on this machine whose process is gone without an end
+  written (killed, or crashed), described; None when there is none."""
+  mine = status.snapshot()
+  now = time.time()
+  peers = worker_status.read_peers(status.workdir, mine['num_workers'])
+  for index, peer in sorted(peers.items()):
+    if (index != status.worker_index and peer is not None and
+        peer['state'] == worker_status.RUNNING and
+        processes.state(peer.get('host'), peer['pid'],
+                        peer.get('started')) == processes.GONE):
+      return f'{worker_status.describe(peer, now)}: its process is gone'
+  return None
+
+
 def read_and_wait_for_evidence(status: worker_status.WorkerStatus) -> list[str]:
   """The stalled peers (stalled_peers), once the files can tell: a peer
   that stopped just before this worker's error (TensorFlow may report a

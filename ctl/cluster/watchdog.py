@@ -21,6 +21,14 @@ waits on no peer; a step's wait for its input it does count. A
 worker that still has not finished a timeout after the abort (stuck
 outside TensorFlow's collectives, e.g. in a task's own Python) exits with
 code 43: nothing hangs.
+
+A peer whose process is gone does not wait out the timeout: while this
+worker waits (no progress for a few seconds), `gone_peer` (the peers on
+this machine, ctl/cluster/peer_evidence.py) is asked each poll, and a
+peer proven gone aborts the collectives at once. TensorFlow notices most
+such deaths itself (a broken connection), but not all: a worker that
+waits for a peer's request, not on one of its own, waits for the
+coordination service's heartbeat, twice the timeout.
 """
 
 from collections.abc import Callable
@@ -39,8 +47,13 @@ from ctl.runtime import tf_internals
 # Begins the message of the error an abort gives the waiting collectives
 # (failures.py tells the watchdog's abort from TensorFlow's by it).
 ABORT_MESSAGE = 'ctl: no progress for distribution.timeout_seconds='
+# Begins the message of an abort because a peer's process is gone.
+PEER_GONE_MESSAGE = 'ctl: a peer\'s process is gone: '
 # The longest the watchdog sleeps between two looks.
 _MAX_POLL_SECONDS = 1.0
+# How long without progress before the watchdog asks whether a peer is gone
+# (a step's wait for a live peer is shorter).
+_ASK_GONE_AFTER_SECONDS = 2.0
 
 
 class Watchdog:
@@ -51,11 +64,13 @@ class Watchdog:
   """
 
   def __init__(self, timeout_seconds: float, enabled: bool = True,
-               on_abort: Callable[[], None] | None = None):
-    """Args as named; on_abort: called on the watchdog's thread before it
-    aborts the collectives, while the stuck thread still is where it
-    stuck (the diagnostics dump)."""
+               on_abort: Callable[[str], None] | None = None):
+    """Args as named; on_abort: called with why on the watchdog's thread
+    before it aborts the collectives, while the stuck thread still is
+    where it stuck (the diagnostics dump)."""
     self.on_abort = on_abort
+    # Says which peer's process is gone, if one is (None: none known).
+    self.gone_peer: Callable[[], str | None] | None = None
     self.timeout_seconds = timeout_seconds
     self.enabled = bool(enabled and timeout_seconds > 0)
     # Steps trained: the train loop adds one after each step, in its graph.
@@ -106,9 +121,29 @@ class Watchdog:
   def _watch(self) -> None:
     poll = min(_MAX_POLL_SECONDS, self.timeout_seconds / 10)
     while not self._stopped.wait(poll):
-      if self._stalled_seconds() > self.timeout_seconds:
-        self._abort()
+      stalled = self._stalled_seconds()
+      if stalled > self.timeout_seconds:
+        self._abort(f'No progress for {self.timeout_seconds:g} s (config.'
+                    'distribution.timeout_seconds): a peer died or hangs, or '
+                    'this worker does',
+                    f'{ABORT_MESSAGE}{self.timeout_seconds:g}')
         return
+      gone = (self._ask_gone_peer() if stalled > _ASK_GONE_AFTER_SECONDS
+              else None)
+      if gone:
+        self._abort(f'Waiting for a peer whose process is gone ({gone})',
+                    f'{PEER_GONE_MESSAGE}{gone}')
+        return
+
+  def _ask_gone_peer(self) -> str | None:
+    """gone_peer's answer; None when there is none, or it failed."""
+    if self.gone_peer is None:
+      return None
+    try:
+      return self.gone_peer()
+    except Exception as error:  # pylint: disable=broad-except
+      logging.warning('Could not look for a gone peer: %s', error)
+      return None
 
   def _stalled_seconds(self) -> float:
     """Seconds since the last progress; 0 while paused."""
@@ -127,19 +162,16 @@ class Watchdog:
         self._steps_seen, self._last_progress = steps, now
       return now - self._last_progress
 
-  def _abort(self) -> None:
-    """Fails this worker's collectives; exits if that does not end it."""
-    logging.error(
-        'No progress for %g s (config.distribution.timeout_seconds): a peer '
-        'died or hangs, or this worker does. Aborting its collectives.',
-        self.timeout_seconds)
+  def _abort(self, why: str, message: str) -> None:
+    """Fails this worker's collectives with message; exits if that does
+    not end it."""
+    logging.error('%s. Aborting its collectives.', why)
     if self.on_abort is not None:
       try:
-        self.on_abort()
+        self.on_abort(why)
       except Exception as error:  # pylint: disable=broad-except
         logging.error('Could not write the diagnostics: %s', error)
-    tf_internals.abort_collectives(
-        f'{ABORT_MESSAGE}{self.timeout_seconds:g}')
+    tf_internals.abort_collectives(message)
     if self._stopped.wait(self.timeout_seconds):
       return  # The failure reached the training loop: it says what to do.
     print(f'ctl: error: This worker made no progress for '

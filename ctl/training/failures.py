@@ -98,10 +98,11 @@ def peer_failure(error: Exception, workdir: str,
 
 
 def _how_lost(error: Exception, timeout_seconds: float) -> str:
-  """Which of the three ways a lost peer is noticed this was.
+  """Which of the four ways a lost peer is noticed this was.
 
   This worker's watchdog (ctl/cluster/watchdog.py) aborts its collectives
-  with a message of its own; TensorFlow's coordination service fails every
+  with a message of its own, after the timeout or at once when a peer's
+  process on this machine is gone; TensorFlow's coordination service fails every
   worker's collectives once one sent no heartbeat for its heartbeat
   timeout (ctl/cluster/coordination.py sets it); anything else is a
   connection to a peer that broke (a process gone: seconds, not a timeout).
@@ -111,6 +112,10 @@ def _how_lost(error: Exception, timeout_seconds: float) -> str:
     return ('this worker made no progress for distribution.timeout_seconds='
             f'{timeout_seconds:g} (its watchdog ended the wait): another '
             'worker is stopped or hung, or died unnoticed')
+  if watchdog.PEER_GONE_MESSAGE in message:
+    return ('a peer\'s process on this machine is gone (its watchdog ended '
+            'the wait): ' + message.split(watchdog.PEER_GONE_MESSAGE, 1)[1]
+            .split('\n')[0][:300])
   if 'heartbeat' in message.lower():
     heartbeat = coordination.heartbeat_timeout_seconds(timeout_seconds)
     # Its message names the tasks on lines of their own: one line here.

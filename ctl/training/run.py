@@ -16,6 +16,7 @@ from ctl import builtin_tasks
 from ctl.cluster import diagnostics
 from ctl.cluster import distribution
 from ctl.cluster import input_wait
+from ctl.cluster import peer_evidence
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
 from ctl.cluster import worker_timings
@@ -138,9 +139,9 @@ def _watchdog_and_status(
       input_wait=input_wait.make(task_info.num_workers,
                                  config.deterministic))
   dumps = []  # The watchdog's, written while the stuck thread still waits.
-  watchdog.on_abort = lambda: dumps.append(diagnostics.write(
-      status, f'no progress for distribution.timeout_seconds='
-      f'{timeout_seconds:g}: aborting the collectives'))
+  watchdog.on_abort = lambda why: dumps.append(diagnostics.write(
+      status, f'{why}: aborting the collectives'))
+  watchdog.gone_peer = lambda: peer_evidence.gone_here(status)
   return watchdog, status, dumps
 
 
