@@ -6,6 +6,7 @@ pytest imports them in importlib mode (setup.cfg), so two folders may each
 have a test module of the same name.
 """
 
+import os
 import pathlib
 import random
 import sys
@@ -13,6 +14,15 @@ import sys
 
 TESTS = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
+
+# One intra-op thread a TensorFlow process, in this process and in the ctl
+# processes the tests start (they inherit it, helpers.env_with): on 2 cores,
+# pytest runs 2 files at once and a multi-worker test starts 2 or 3
+# processes, and TensorFlow's default of a spinning thread a core for each
+# of them made every process wait for the others' (the 2-worker test of
+# tests/training/test_multi_worker.py: 57 s alone, 51 s with one thread).
+# Both runs a test compares share it; a user's run keeps TensorFlow's own.
+os.environ.setdefault('TF_NUM_INTRAOP_THREADS', '1')
 
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
