@@ -1,0 +1,39 @@
+"""A task's hook that raises ends the run with its traceback, then one
+`ctl: error:` line naming the hook, its task class and the exception
+(ctl/training/failures.py, `task_failure`)."""
+
+import re
+
+import pytest
+
+import helpers
+
+NOISY = 'tests/configs/noisy_regression.py'
+
+
+@pytest.mark.parametrize('hook, task', [
+    ('train_step', 'BugInTrainStep'), ('eval_step', 'BugInEvalStep'),
+    ('eval_end', 'BugInEvalEnd'),
+    ('serving_signature', 'BugInServingSignature')])
+def test_a_hook_that_raises_is_one_line_naming_it_after_its_traceback(
+    tmp_path, hook, task):
+  run = helpers.run_ctl(f'--config={NOISY}',
+                        f'--config.task=failing_hooks:{task}',
+                        '--config.total_steps=2', f'--workdir={tmp_path}')
+  assert run.returncode == 1, run.stderr[-3000:]
+  lines = [line for line in run.stderr.splitlines()
+           if line.startswith('ctl: ')]
+  assert lines == [
+      f'ctl: error: failing_hooks.{task}.{hook}() raised RuntimeError: a bug '
+      f'in {hook} (the traceback is above). Fix the task and run the same '
+      'command again (the checkpoints saved before are kept).'
+  ], run.stderr[-3000:]
+  assert run.stderr.rstrip().endswith(lines[0])
+  # The user's hook in the traceback above the message (a step as
+  # AutoGraph converted it).
+  traceback = run.stderr[run.stderr.index('Traceback'):]
+  assert re.search(rf'line \d+, in (tf__)?{hook}\n', traceback), traceback
+  assert f'RuntimeError: a bug in {hook}\n' in traceback
+  assert not (tmp_path / 'export').exists()
+  if hook == 'train_step':
+    assert not (tmp_path / 'checkpoints').exists()
