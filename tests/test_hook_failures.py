@@ -18,13 +18,13 @@ NOISY = 'tests/configs/noisy_regression.py'
 def test_a_hook_that_raises_is_one_line_naming_it_after_its_traceback(
     tmp_path, hook, task):
   run = helpers.run_ctl(f'--config={NOISY}',
-                        f'--config.task=failing_hooks:{task}',
+                        f'--config.task=faulty_tasks:{task}',
                         '--config.total_steps=2', f'--workdir={tmp_path}')
   assert run.returncode == 1, run.stderr[-3000:]
   lines = [line for line in run.stderr.splitlines()
            if line.startswith('ctl: ')]
   assert lines == [
-      f'ctl: error: failing_hooks.{task}.{hook}() raised RuntimeError: a bug '
+      f'ctl: error: faulty_tasks.{task}.{hook}() raised RuntimeError: a bug '
       f'in {hook} (the traceback is above). Fix the task and run the same '
       'command again (the checkpoints saved before are kept).'
   ], run.stderr[-3000:]

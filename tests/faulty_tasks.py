@@ -1,0 +1,59 @@
+"""Tasks of the tests with a user's mistake in them: hooks that raise, as a
+bug of a user's own would (tests/test_hook_failures.py), a model the
+default serving signature cannot serve (tests/serving/test_export.py)."""
+
+import keras
+import tensorflow as tf
+
+import user_modules
+
+
+class BugInTrainStep(user_modules.NoisyRegression):
+
+  def train_step(self, batch, ctx):
+    raise RuntimeError('a bug in train_step')
+
+
+class BugInEvalStep(user_modules.NoisyRegression):
+
+  def eval_step(self, batch, ctx):
+    raise RuntimeError('a bug in eval_step')
+
+
+class BugInEvalEnd(user_modules.NoisyRegression):
+
+  def eval_end(self, name, outputs, results):
+    raise RuntimeError('a bug in eval_end')
+
+
+class BugInServingSignature(user_modules.NoisyRegression):
+
+  def serving_signature(self):
+    raise RuntimeError('a bug in serving_signature')
+
+
+class TwoInputs(user_modules.NoisyRegression):
+  """Its model takes two inputs, and it writes no serving_signature."""
+
+  def build(self):
+    left, right = keras.Input((2,), name='left'), keras.Input((2,), name='right')
+    output = keras.layers.Dense(1)(keras.layers.Concatenate()([left, right]))
+    self.model = keras.Model([left, right], output)
+    self.optimizer = keras.optimizers.SGD(0.05)
+    self.optimizer.build(self.model.trainable_variables)
+
+  def _predict(self, x, training):
+    return self.model([x[:, :2], x[:, 2:]], training=training)
+
+  def train_step(self, batch, ctx):
+    x, y = batch
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(self._predict(x, True) - y))
+    gradients = tape.gradient(loss, self.model.trainable_variables)
+    self.optimizer.apply_gradients(
+        zip(gradients, self.model.trainable_variables))
+    return {'loss': loss}
+
+  def eval_step(self, batch, ctx):
+    x, y = batch
+    return {'mse': tf.reduce_mean(tf.square(self._predict(x, False) - y))}
