@@ -57,3 +57,17 @@ class TwoInputs(user_modules.NoisyRegression):
   def eval_step(self, batch, ctx):
     x, y = batch
     return {'mse': tf.reduce_mean(tf.square(self._predict(x, False) - y))}
+
+
+class ThreeProblems(user_modules.NoisyRegression):
+  """A pipeline whose position cannot be saved three ways: a stateful
+  random op, Python code, a reshuffling shuffle below another shuffle."""
+
+  def train_data(self, context):
+    features, targets = self._examples(0, 512)
+    dataset = tf.data.Dataset.from_tensor_slices((features, targets)).map(
+        lambda x, y: (x + tf.random.uniform(tf.shape(x)), y)).map(
+            lambda x, y: (tf.py_function(tf.identity, [x], tf.float32), y))
+    batch = context.get_per_replica_batch_size(self.config.batch_size)
+    return dataset.shuffle(64, seed=1).shuffle(256, seed=2).batch(
+        batch, drop_remainder=True)

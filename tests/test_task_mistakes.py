@@ -1,6 +1,8 @@
-"""A task's hook that raises ends the run with its traceback, then one
-`ctl: error:` line naming the hook, its task class and the exception
-(ctl/training/failures.py, `task_failure`)."""
+"""A user's mistake in a task is one `ctl: error:` line saying what to do:
+a hook that raises ends the run with its traceback, then a line naming the
+hook, its task class and the exception (ctl/training/failures.py,
+`task_failure`); a pipeline whose position cannot be saved is refused
+with every reason at once (ctl/checkpoints/data_positions.py)."""
 
 import re
 
@@ -37,3 +39,20 @@ def test_a_hook_that_raises_is_one_line_naming_it_after_its_traceback(
   assert not (tmp_path / 'export').exists()
   if hook == 'train_step':
     assert not (tmp_path / 'checkpoints').exists()
+
+
+def test_every_problem_of_a_pipeline_is_refused_at_once(tmp_path):
+  run = helpers.run_ctl(f'--config={NOISY}',
+                        '--config.task=faulty_tasks:ThreeProblems',
+                        f'--workdir={tmp_path}')
+  assert run.returncode == 1, run.stderr[-3000:]
+  [line] = [line for line in run.stderr.splitlines()
+            if line.startswith('ctl: ')]
+  assert line.startswith('ctl: error: The training pipeline has 3 problems. '
+                         '(1) '), line
+  for reason in ('RandomUniform is stateful', 'EagerPyFunc is stateful',
+                 '(ShuffleDatasetV3) below another shuffle'):
+    assert reason in line, line
+  assert line.endswith('Nothing was written.'), line
+  assert 'Training from step' not in run.stderr
+  assert not (tmp_path / 'checkpoints').exists()
