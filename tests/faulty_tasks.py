@@ -1,10 +1,11 @@
 """Tasks of the tests with a user's mistake in them: hooks that raise, as a
-bug of a user's own would (tests/test_hook_failures.py), a model the
+bug of a user's own would (tests/test_task_mistakes.py), a model the
 default serving signature cannot serve (tests/serving/test_export.py)."""
 
 import keras
 import tensorflow as tf
 
+import ctl
 import user_modules
 
 
@@ -71,3 +72,18 @@ class ThreeProblems(user_modules.NoisyRegression):
     batch = context.get_per_replica_batch_size(self.config.batch_size)
     return dataset.shuffle(64, seed=1).shuffle(256, seed=2).batch(
         batch, drop_remainder=True)
+
+
+class RaisingAction(ctl.Action):
+  """An action of the user's with a bug."""
+
+  when = ctl.When(steps=1)
+
+  def run(self, event):
+    raise RuntimeError('a bug in run')
+
+
+class BugInAnAction(user_modules.NoisyRegression):
+
+  def actions(self):
+    return [RaisingAction()]

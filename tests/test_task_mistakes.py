@@ -1,8 +1,9 @@
 """A user's mistake in a task is one `ctl: error:` line saying what to do:
 a hook that raises ends the run with its traceback, then a line naming the
-hook, its task class and the exception (ctl/training/failures.py,
-`task_failure`); a pipeline whose position cannot be saved is refused
-with every reason at once (ctl/checkpoints/data_positions.py)."""
+hook, its class (the task's or its action's) and the exception
+(ctl/training/failures.py, `task_failure`); a pipeline whose position
+cannot be saved is refused with every reason at once
+(ctl/checkpoints/data_positions.py)."""
 
 import re
 
@@ -13,12 +14,14 @@ import helpers
 NOISY = 'tests/configs/noisy_regression.py'
 
 
-@pytest.mark.parametrize('hook, task', [
-    ('train_step', 'BugInTrainStep'), ('eval_step', 'BugInEvalStep'),
-    ('eval_end', 'BugInEvalEnd'),
-    ('serving_signature', 'BugInServingSignature')])
+@pytest.mark.parametrize('hook, task, raiser', [
+    ('train_step', 'BugInTrainStep', 'BugInTrainStep'),
+    ('eval_step', 'BugInEvalStep', 'BugInEvalStep'),
+    ('eval_end', 'BugInEvalEnd', 'BugInEvalEnd'),
+    ('serving_signature', 'BugInServingSignature', 'BugInServingSignature'),
+    ('run', 'BugInAnAction', 'RaisingAction')])
 def test_a_hook_that_raises_is_one_line_naming_it_after_its_traceback(
-    tmp_path, hook, task):
+    tmp_path, hook, task, raiser):
   run = helpers.run_ctl(f'--config={NOISY}',
                         f'--config.task=faulty_tasks:{task}',
                         '--config.total_steps=2', f'--workdir={tmp_path}')
@@ -26,7 +29,7 @@ def test_a_hook_that_raises_is_one_line_naming_it_after_its_traceback(
   lines = [line for line in run.stderr.splitlines()
            if line.startswith('ctl: ')]
   assert lines == [
-      f'ctl: error: faulty_tasks.{task}.{hook}() raised RuntimeError: a bug '
+      f'ctl: error: faulty_tasks.{raiser}.{hook}() raised RuntimeError: a bug '
       f'in {hook} (the traceback is above). Fix the task and run the same '
       'command again (the checkpoints saved before are kept).'
   ], run.stderr[-3000:]

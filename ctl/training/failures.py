@@ -25,6 +25,7 @@ import traceback
 
 import tensorflow as tf
 
+from ctl import actions as actions_lib
 from ctl import errors
 from ctl import storage
 from ctl import task as task_lib
@@ -66,8 +67,8 @@ def explain(error: Exception, *, workdir: str, task: task_lib.Task | None,
 
 def task_failure(error: Exception) -> errors.CtlError | None:
   """The error for an exception the task's own code raised: a line naming
-  the outermost of the task's hooks in its traceback (or in those of the
-  errors it was raised from) and what to do; None when no hook of a task
+  the outermost of the task's hooks (or of its actions') in its traceback
+  (or in those of the errors it was raised from) and what to do; None when no hook of a task
   raised it (a bug of ctl, whose traceback is the message).
 
   One place for every hook, wherever ctl calls it: in every mode, while
@@ -86,8 +87,10 @@ def task_failure(error: Exception) -> errors.CtlError | None:
       'before are kept).')
 
 
-# The task's methods ctl calls: its hooks, and the constructor.
+# The task's methods ctl calls: its hooks, and the constructor; and those
+# of a task's own actions (ctl.Action).
 _HOOKS = frozenset(task_hooks.HOOKS) | {'__init__'}
+_ACTION_HOOKS = frozenset({'run', 'state', 'restore'})
 
 
 def _raised_in_hook(error: BaseException
@@ -100,11 +103,20 @@ def _raised_in_hook(error: BaseException
     seen.add(id(error))
     for frame, _ in traceback.walk_tb(error.__traceback__):
       hook = frame.f_code.co_name.removeprefix('tf__')
-      task = frame.f_locals.get('self')
-      if hook in _HOOKS and isinstance(task, task_lib.Task):
-        return hook, type(task), error
+      owner = frame.f_locals.get('self')
+      if _is_hook(hook, owner):
+        return hook, type(owner), error
     error = error.__cause__ or error.__context__
   return None
+
+
+def _is_hook(name: str, owner) -> bool:
+  """Whether a method `name` of `owner` is a hook of the user's: of a
+  task (ctl's built-in ones too), or of an action that is not ctl's."""
+  if isinstance(owner, task_lib.Task):
+    return name in _HOOKS
+  return (name in _ACTION_HOOKS and isinstance(owner, actions_lib.Action) and
+          not type(owner).__module__.startswith('ctl.'))
 
 
 def peer_failure(error: Exception, workdir: str,
