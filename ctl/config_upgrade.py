@@ -9,8 +9,6 @@ loaded and before `--config.*` overrides apply, so that an override of one
 works too; a CtlDeprecationWarning names them.
 """
 
-import sys
-import warnings
 
 from absl import flags
 import ml_collections
@@ -75,12 +73,8 @@ def add_missing_fields(config: ml_collections.ConfigDict, source: str) -> None:
                 f'--config.{section_key}.order=by_file reads each worker\'s '
                 'own files as 0.1.0 did.')
   message += ' Set them in the config file to say which.'
-  # At the file's first line (it has no line of its own to show), once per
-  # process: the registry warnings.warn keeps in a module.
-  warnings.warn_explicit(
-      message, errors.CtlDeprecationWarning, source, 0, module=__name__,
-      registry=vars(sys.modules[__name__]).setdefault('__warningregistry__',
-                                                      {}))
+  # At the file's first line (it has no line of its own to show).
+  errors.warn_deprecated(message, source, 0, __name__)
 
 
 def _section(config: ml_collections.ConfigDict,

@@ -13,6 +13,8 @@ Exit codes a scheduler can act on:
       every worker: they resume from the latest checkpoint.
 """
 
+import warnings
+
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 42
@@ -84,3 +86,22 @@ class CtlDeprecationWarning(FutureWarning):
   hides outside __main__); `python -W error::FutureWarning` turns it into
   an error.
   """
+
+
+def warn_deprecated(message: str, filename: str, lineno: int,
+                    module: str) -> None:
+  """Warns of an old form (CtlDeprecationWarning) at filename:lineno, once
+  per process.
+
+  Once in Python's own `warnings.onceregistry`, by text: the registry that
+  `warnings` keeps per module is emptied whenever the filters change
+  (scikit-learn's functions change them, in `warnings.catch_warnings`), and
+  ctl checks a task or config more than once a run (training, then the
+  export), which showed the same warning twice.
+  """
+  key = (message, CtlDeprecationWarning)
+  if warnings.onceregistry.get(key):
+    return
+  warnings.warn_explicit(message, CtlDeprecationWarning, filename, lineno,
+                         module=module, registry={})
+  warnings.onceregistry[key] = 1  # Not when the filters made it an error.

@@ -83,8 +83,22 @@ def main(argv: list[str]) -> None:
         'since the latest checkpoint. Run the same command again to start.'))
   except errors.CtlError as error:
     _exit_with(error)
+  except Exception as error:  # pylint: disable=broad-except
+    _exit_with(_task_failure(error))
   progress.finish_line()
   tf_process.exit_now(0)
+
+
+def _task_failure(error: Exception) -> errors.CtlError:
+  """The line for an error of the task's own code, after its traceback
+  (which the user needs to mend it); any other error is raised as it is."""
+  from ctl.training import failures  # pylint: disable=g-import-not-at-top
+  failure = failures.task_failure(error)
+  if failure is None:
+    raise error  # A bug of ctl: its traceback says where.
+  progress.finish_line()
+  logging.error('The task raised:', exc_info=error)
+  return failure
 
 
 def _exit_with(error: errors.CtlError) -> None:

@@ -29,6 +29,8 @@ summarises and evaluates, on one device, several, or several workers.
 """
 
 from collections.abc import Callable, Mapping, Sequence
+import keyword
+import re
 from typing import Any
 
 import keras
@@ -170,19 +172,14 @@ class Task(tf.Module):
     models and variables. None: no SavedModel (the .keras files are still
     written).
 
-    Default: the task's only Keras model, called on its own inputs.
+    Default: the task's only Keras model, called on its own inputs
+    (`missing_signature` says why a task has none).
     """
-    models = self.models()
-    if len(models) != 1:
+    model, _ = _model_to_serve(self)
+    if model is None:
       return None
-    model = models[0]
-    try:
-      inputs = model.inputs
-    except (AttributeError, ValueError):  # A subclassed model.
-      return None
-    if not inputs or len(inputs) != 1:
-      return None
-    spec = tf.TensorSpec(inputs[0].shape, inputs[0].dtype, name='inputs')
+    [inputs] = model.inputs
+    spec = tf.TensorSpec(inputs.shape, inputs.dtype, name='inputs')
     return tf.function(lambda inputs: model(inputs, training=False),
                        input_signature=[spec], autograph=False)
 
@@ -217,3 +214,70 @@ def attribute_values(task: Task) -> list[Any]:
     else:
       found.append(value)
   return found
+
+
+def _model_to_serve(task: Task) -> tuple[keras.Model | None, str]:
+  """(the model the default serving_signature serves, '') or (None, why
+  there is none)."""
+  models = task.models()
+  if len(models) != 1:
+    return None, f'it holds {len(models)} Keras models, not one'
+  try:
+    inputs = models[0].inputs
+  except (AttributeError, ValueError):  # A subclassed model.
+    return None, ('its model is a subclassed keras.Model, whose inputs '
+                  'Keras does not know')
+  if not inputs or len(inputs) != 1:
+    names = ', '.join(_input_names(inputs or []))
+    return None, (f'its model takes {len(inputs or [])} inputs ({names}), '
+                  'and the default serves a model of one input')
+  return models[0], ''
+
+
+def missing_signature(task: Task) -> str:
+  """Why the task has no serving signature and what to write, in one
+  sentence: for --mode=export's warning and ctl.load's serve()."""
+  name = type(task).__name__
+  if type(task).serving_signature is not Task.serving_signature:
+    return f'{name}.serving_signature() returned None'
+  _, why = _model_to_serve(task)
+  return (f'{name} has no serving_signature() of its own and {why}: write '
+          f'one in {name}, e.g. {_signature_example(task)} '
+          '(README.md, "Export")')
+
+
+def _signature_example(task: Task) -> str:
+  """`def serving_signature(self): ...` for the task's model, on one line:
+  its inputs as TensorSpecs, when Keras knows them."""
+  models = task.models()
+  attribute = next((key for key in own_attribute_names(task)
+                    if models and vars(task)[key] is models[0]), 'model')
+  try:
+    inputs = models[0].inputs or []
+  except (AttributeError, ValueError, IndexError):
+    inputs = []
+  if len(inputs) < 2:
+    arguments, specs = ['inputs'], ["tf.TensorSpec([None, ...], tf.float32, "
+                                    "name='inputs')"]
+    called = 'inputs'
+  else:
+    arguments = _input_names(inputs)
+    specs = [f'tf.TensorSpec({list(tensor.shape)}, tf.{tensor.dtype}, '
+             f'name={argument!r})'
+             for argument, tensor in zip(arguments, inputs)]
+    called = f'[{", ".join(arguments)}]'
+  return (f'`def serving_signature(self): return tf.function(lambda '
+          f'{", ".join(arguments)}: self.{attribute}({called}, '
+          f'training=False), input_signature=[{", ".join(specs)}])`')
+
+
+def _input_names(inputs) -> list[str]:
+  """Python names for a model's inputs: their Keras names where those are
+  names, else input_1, input_2..."""
+  names = []
+  for index, tensor in enumerate(inputs, 1):
+    name = re.sub(r'\W', '_', getattr(tensor, 'name', '') or '')
+    if not name.isidentifier() or keyword.iskeyword(name) or name in names:
+      name = f'input_{index}'
+    names.append(name)
+  return names

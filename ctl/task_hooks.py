@@ -12,9 +12,7 @@ changed when.
 from collections.abc import Callable, Mapping
 import dataclasses
 import inspect
-import sys
 from typing import Any
-import warnings
 
 from ctl import errors
 
@@ -165,10 +163,5 @@ def _warn(task_class: type, name: str, hook: Hook) -> None:
       f'calls the old form without {", ".join(hook.args[len(hook.old_args):])}'
       f' until ctl {hook.removed_in}, which refuses it.')
   code = inspect.unwrap(_function(task_class, name)[0]).__code__
-  module = sys.modules.get(task_class.__module__)
-  # The module's own registry, as warnings.warn keeps: shown once.
-  registry = (vars(module).setdefault('__warningregistry__', {})
-              if module is not None else None)
-  warnings.warn_explicit(message, CtlDeprecationWarning, code.co_filename,
-                         code.co_firstlineno, module=task_class.__module__,
-                         registry=registry)
+  errors.warn_deprecated(message, code.co_filename, code.co_firstlineno,
+                         task_class.__module__)

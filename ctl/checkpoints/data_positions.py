@@ -89,16 +89,19 @@ class DataPositions:
     """
     if not self.enabled or dataset is None:
       return
-    try:
-      tf_internals.check_dataset_serializable(dataset)
-    except tf.errors.FailedPreconditionError as error:
-      raise _unsavable(error, before_training=True) from error
-    hazard = tf_internals.symbolic_checkpoint_hazard(dataset)
-    if hazard is not None:  # Its saves could segfault (tf_internals).
-      raise errors.CtlError(hazard)
+    problems = _stateful_problems(dataset)
+    problems.append(tf_internals.symbolic_checkpoint_hazard(dataset))
     reseeding = tf_internals.reseeding_below_shuffle(dataset)
-    if reseeding is not None:
-      raise errors.CtlError(_not_resumable(*reseeding))
+    problems.append(reseeding and _not_resumable(*reseeding))
+    problems = [problem for problem in problems if problem]
+    if len(problems) == 1:
+      raise errors.CtlError(problems[0])
+    if problems:  # All at once: the user mends them in one go.
+      raise errors.CtlError(
+          f'The training pipeline has {len(problems)} problems. ' + ' '.join(
+              f'({number}) {problem.removesuffix(_NOTHING_WRITTEN).strip()}'
+              for number, problem in enumerate(problems, 1)) +
+          f' {_NOTHING_WRITTEN}')
 
   def save(self, step: int) -> None:
     """Writes this pipeline's position at `step`; drops the oldest.
@@ -161,13 +164,43 @@ def _pipeline_dir(pipeline: int, num_pipelines: int) -> str:
 _PYTHON_OPS = ('PyFunc', 'EagerPyFunc')
 
 
+_NOTHING_WRITTEN = 'Nothing was written.'
+
+
+def _stateful_problems(dataset: tf.data.Dataset) -> list[str]:
+  """A problem for each stateful op that keeps the position from being
+  saved: the one TensorFlow names, then the others the pipeline's
+  functions hold (TensorFlow stops at its first)."""
+  try:
+    tf_internals.check_dataset_serializable(dataset)
+  except tf.errors.FailedPreconditionError as error:
+    named = _reason(error)
+    others = [f'{op} is stateful' for op in tf_internals.stateful_ops(dataset)
+              if f'{op} is stateful' != named]
+    return [_unsavable_op(reason, _NOTHING_WRITTEN)
+            for reason in [named, *others]]
+  return []
+
+
 def _unsavable(error: tf.errors.FailedPreconditionError, *,
                before_training: bool) -> errors.CtlError:
   """The error for a pipeline whose position cannot be saved."""
+  kept = (_NOTHING_WRITTEN if before_training else
+          'Nothing was saved at this step; earlier checkpoints are kept.')
+  return errors.CtlError(_unsavable_op(_reason(error), kept))
+
+
+def _reason(error: tf.errors.FailedPreconditionError) -> str:
+  """TensorFlow's reason, e.g. 'RandomUniform is stateful'."""
   reason = error.message.strip().splitlines()[0]
   reason = reason.split('}}')[-1].split('[Op:')[0].strip()
-  reason = reason.removeprefix('Failed to serialize the input pipeline '
-                               'graph: ').rstrip('.')
+  return reason.removeprefix('Failed to serialize the input pipeline '
+                             'graph: ').rstrip('.')
+
+
+def _unsavable_op(reason: str, kept: str) -> str:
+  """Why a stateful op keeps the position from being saved, what to do
+  instead, and what was kept."""
   if reason.split(' is stateful')[0] in _PYTHON_OPS:
     cause = ('Python code in the tf.data pipeline: Dataset.from_generator, '
              'tf.py_function or tf.numpy_function, whose place in the data '
@@ -182,11 +215,8 @@ def _unsavable(error: tf.errors.FailedPreconditionError, *,
     advice = ('draw random numbers with stateless ops seeded by (seed, '
               'epoch, example), e.g. ctl.data.augment.seeds and '
               'tf.random.stateless_uniform')
-  kept = ('Nothing was written.' if before_training else
-          'Nothing was saved at this step; earlier checkpoints are kept.')
-  return errors.CtlError(
-      f'The training pipeline\'s position cannot be saved: {reason} '
-      f'({cause}). ctl must save it to resume exactly: {advice}. {kept}')
+  return (f'The training pipeline\'s position cannot be saved: {reason} '
+          f'({cause}). ctl must save it to resume exactly: {advice}. {kept}')
 
 
 def _not_resumable(reseeding_op: str, shuffle_op: str) -> str:

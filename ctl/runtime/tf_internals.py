@@ -10,11 +10,13 @@ called once at start-up (ctl.training.run), the rest where named.
 import atexit
 from collections.abc import Callable
 import contextlib
+import re
 import threading
 from typing import Any
 
 import keras
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry  # pylint: disable=g-direct-tensorflow-import
 
 
 def apply_fixes() -> None:
@@ -207,6 +209,33 @@ def check_dataset_serializable(dataset: tf.data.Dataset) -> None:
   """
   dataset._as_serialized_graph(  # pylint: disable=protected-access
       external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
+
+
+# Stateful by their op definitions, yet let into a saved pipeline by
+# TensorFlow: a function's assertions and calls (their bodies are read
+# apart) and a lookup table's reads (ALLOW_STATEFUL_OP_FOR_DATASET_FUNCTIONS).
+_STATEFUL_BUT_SAVED = ('Assert', 'If', 'While', 'Case', 'PartitionedCall',
+                       'StatefulPartitionedCall', 'LookupTableFindV2',
+                       'LookupFind', '_Retval', '_Arg')
+
+
+def stateful_ops(dataset: tf.data.Dataset) -> list[str]:
+  """The stateful ops in the functions of the dataset's pipeline (its
+  maps, filters, interleaves), each once, sorted: where
+  check_dataset_serializable stops at the first, these are all of them.
+  Datasets inside those functions save their own state and are left out.
+  """
+  graph = _graph_def(dataset)
+  found = []
+  for function in graph.library.function:
+    for node in function.node_def:
+      definition = op_def_registry.get(node.op)
+      if (definition is None or not definition.is_stateful or
+          node.op in _STATEFUL_BUT_SAVED or
+          re.search(r'Dataset(V\d+)?$', node.op) or node.op in found):
+        continue
+      found.append(node.op)
+  return sorted(found)
 
 
 def symbolic_checkpoint_hazard(dataset: tf.data.Dataset) -> str | None:

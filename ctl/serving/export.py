@@ -154,8 +154,8 @@ def _write(task: task_lib.Task, directory: str) -> None:
   """The SavedModel and the .keras files of a restored task."""
   signature = task.serving_signature()
   if signature is None:
-    logging.warning('Task %s has no serving signature: no SavedModel, only '
-                    '.keras files.', type(task).__name__)
+    logging.warning('No SavedModel, only .keras files: %s.',
+                    task_lib.missing_signature(task))
   else:
     root = tf.Module()
     root.models = task.models()

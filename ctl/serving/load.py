@@ -52,8 +52,9 @@ class LoadedRun:
     """The task's serving signature (what an export serves) on raw inputs."""
     signature = self.task.serving_signature()
     if signature is None:
-      raise errors.CtlError(f'Task {self.config.task!r} has no serving '
-                            'signature: call its models instead.')
+      raise errors.CtlError(
+          f'Task {self.config.task!r} serves nothing: '
+          f'{task_lib.missing_signature(self.task)}; or call its models.')
     return signature(*inputs)
 
 

@@ -23,7 +23,6 @@ from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.runtime import tf_internals
 from ctl.training import ema
-from ctl.training import failures
 from ctl.training import state as state_lib
 from ctl.training import task_checks
 
@@ -83,21 +82,17 @@ def assemble(config: ml_collections.ConfigDict,
   state_lib.check_batch_sizes(config, strategy.num_replicas_in_sync)
   context = inputs.input_context(strategy, task_info.worker_index,
                                  task_info.num_workers)
-  with failures.task_hook('__init__()', task_class):
-    task = task_class(config)
+  task = task_class(config)
   with watchdog.paused() if watchdog else contextlib.nullcontext():
-    with failures.task_hook('train_data()', task_class):
-      train_data = task.train_data(context)
-    with failures.task_hook('train_steps_per_epoch()', task_class):
-      task_steps_per_epoch = task.train_steps_per_epoch()
+    train_data = task.train_data(context)
+    task_steps_per_epoch = task.train_steps_per_epoch()
     length = training_length(config, train_data,
                              distribution.local_replicas(strategy),
                              task_steps_per_epoch)
   task.steps_per_epoch = length.steps_per_epoch
   task.total_steps = length.total_steps
   with strategy.scope():
-    with failures.task_hook('build()', task_class):
-      task.build()
+    task.build()
     state = state_lib.TrainState()
   task_checks.check_nothing_shadowed(task, config)
   if strategy.num_replicas_in_sync > 1:

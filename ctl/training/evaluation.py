@@ -31,7 +31,6 @@ from ctl.data import in_memory
 from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import ema
-from ctl.training import failures
 from ctl.training import metric_reading
 from ctl.training import task_calls
 
@@ -100,8 +99,7 @@ class Evaluator:
     ones held as tensors."""
     if self._sets is None:
       with self._watchdog.paused():  # Reading data waits on no peer.
-        with failures.task_hook('eval_data()', type(self._task)):
-          sets = self._task.eval_data(self._context)
+        sets = self._task.eval_data(self._context)
         if sets is None:
           sets = {}
         elif not isinstance(sets, Mapping):

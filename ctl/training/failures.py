@@ -11,24 +11,25 @@ errors turned into ctl's, in one place.
   own pipeline gets a message of its own;
 - XLA that cannot compile the step;
 - a full disk, or a workdir that vanished;
-- an error of the task's own code while it is made, reads its data or
-  builds (`task_hook`): its traceback, then a line naming the hook.
+- an error of the task's own code, in any of its hooks (`task_failure`,
+  which ctl.main asks): its traceback, then a line naming the hook.
 
 Each says what was kept: checkpoints are whole or absent, so the latest
 whole one resumes the run.
 """
 
-import contextlib
 import errno
 import math
 import os
+import traceback
 
-from absl import logging
 import tensorflow as tf
 
+from ctl import actions as actions_lib
 from ctl import errors
 from ctl import storage
 from ctl import task as task_lib
+from ctl import task_hooks
 from ctl.cluster import coordination
 from ctl.cluster import distribution
 from ctl.cluster import watchdog
@@ -64,27 +65,58 @@ def explain(error: Exception, *, workdir: str, task: task_lib.Task | None,
   return None
 
 
-@contextlib.contextmanager
-def task_hook(name: str, task_class: type):
-  """Runs a hook of the task (`name`, e.g. 'build()'): an error it
-  raises is logged with its traceback, then raised as a CtlError naming the
-  hook, which ctl.main prints as its last line.
+def task_failure(error: Exception) -> errors.CtlError | None:
+  """The error for an exception the task's own code raised: a line naming
+  the outermost of the task's hooks (or of its actions') in its traceback
+  (or in those of the errors it was raised from) and what to do; None when no hook of a task
+  raised it (a bug of ctl, whose traceback is the message).
 
-  ctl's own errors pass as they are, and so do TensorFlow's, which
-  explain() reads (a peer lost while variables are created, a store that
-  stopped answering).
+  One place for every hook, wherever ctl calls it: in every mode, while
+  tracing a step (AutoGraph's copy of a hook is `tf__<hook>`), or in an
+  old form through a wrapper.
   """
-  try:
-    yield
-  except (errors.CtlError, tf.errors.OpError):
-    raise
-  except Exception as error:  # pylint: disable=broad-except
-    logging.error('The task\'s %s raised:', name, exc_info=True)
-    message = ' '.join(errors.summary(error, 300).split())  # One line.
-    raise errors.CtlError(
-        f'{task_class.__module__}.{task_class.__qualname__}.{name} raised '
-        f'{type(error).__name__}: {message} (the traceback is above). Fix '
-        'the task and run again.') from error
+  found = _raised_in_hook(error)
+  if found is None:
+    return None
+  hook, task_class, raised = found
+  message = ' '.join(errors.summary(raised, 300).split())  # One line.
+  return errors.CtlError(
+      f'{task_class.__module__}.{task_class.__qualname__}.{hook}() raised '
+      f'{type(raised).__name__}: {message} (the traceback is above). Fix '
+      'the task and run the same command again (the checkpoints saved '
+      'before are kept).')
+
+
+# The task's methods ctl calls: its hooks, and the constructor; and those
+# of a task's own actions (ctl.Action).
+_HOOKS = frozenset(task_hooks.HOOKS) | {'__init__'}
+_ACTION_HOOKS = frozenset({'run', 'state', 'restore'})
+
+
+def _raised_in_hook(error: BaseException
+                    ) -> tuple[str, type, BaseException] | None:
+  """(hook, the task's class, the error whose traceback holds it) of the
+  outermost frame of a task's hook, searching the error, then the errors
+  it was raised from."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+      hook = frame.f_code.co_name.removeprefix('tf__')
+      owner = frame.f_locals.get('self')
+      if _is_hook(hook, owner):
+        return hook, type(owner), error
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def _is_hook(name: str, owner) -> bool:
+  """Whether a method `name` of `owner` is a hook of the user's: of a
+  task (ctl's built-in ones too), or of an action that is not ctl's."""
+  if isinstance(owner, task_lib.Task):
+    return name in _HOOKS
+  return (name in _ACTION_HOOKS and isinstance(owner, actions_lib.Action) and
+          not type(owner).__module__.startswith('ctl.'))
 
 
 def peer_failure(error: Exception, workdir: str,

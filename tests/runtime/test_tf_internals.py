@@ -285,3 +285,23 @@ def test_a_flat_call_runs_the_trace_as_the_public_call_does():
     assert sorted(flat) == sorted(public)
   # One trace per Python value, none for the flat calls.
   assert loop.experimental_get_tracing_count() == 2
+
+
+def test_stateful_ops_lists_every_one_tensorflow_would_refuse():
+  # TensorFlow's serialization names only the first stateful op it meets;
+  # stateful_ops names each, and leaves out what TensorFlow saves: a
+  # lookup table's reads, datasets inside an interleave's function.
+  table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+      tf.constant([1, 2], tf.int64), tf.constant([3, 4], tf.int64)), -1)
+  saved = tf.data.Dataset.range(8).map(table.lookup).interleave(
+      tf.data.Dataset.range, cycle_length=2)
+  tf_internals.check_dataset_serializable(saved)
+  assert tf_internals.stateful_ops(saved) == []
+  unsaved = saved.map(
+      lambda x: tf.cast(x, tf.float32) + tf.random.uniform([])).map(
+          lambda x: tf.py_function(tf.identity, [x], tf.float32))
+  with pytest.raises(tf.errors.FailedPreconditionError,
+                     match='EagerPyFunc is stateful'):
+    tf_internals.check_dataset_serializable(unsaved)
+  assert tf_internals.stateful_ops(unsaved) == ['EagerPyFunc',
+                                                'RandomUniform']

@@ -104,3 +104,37 @@ def test_an_export_cut_short_by_a_kill_is_completed_by_the_same_command(
   assert not list(workdir.glob('.export-*'))
   assert not list(workdir.glob('export.old-*'))
   assert (workdir / 'results.json').read_text() == results
+
+
+def test_a_model_of_two_inputs_is_told_why_and_what_to_write(tmp_path):
+  run = helpers.run_ctl('--config=tests/configs/noisy_regression.py',
+                        '--config.task=faulty_tasks:TwoInputs',
+                        '--config.total_steps=2', f'--workdir={tmp_path}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  [warned] = [line for line in run.stderr.splitlines()
+              if 'No SavedModel' in line]
+  assert ('TwoInputs has no serving_signature() of its own and its model '
+          'takes 2 inputs (left, right), and the default serves a model of '
+          'one input: write one in TwoInputs, e.g. `def serving_signature('
+          'self): return tf.function(lambda left, right: self.model([left, '
+          "right], training=False), input_signature=[tf.TensorSpec([None, "
+          "2], tf.float32, name='left'), tf.TensorSpec([None, 2], "
+          "tf.float32, name='right')])`") in warned, warned
+  assert (tmp_path / 'export' / 'model.keras').exists()
+  assert not (tmp_path / 'export' / 'saved_model').exists()
+
+
+def test_the_serving_signature_the_message_shows_serves_the_model():
+  import faulty_tasks  # pylint: disable=g-import-not-at-top
+  from ctl import task as task_lib  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  task = faulty_tasks.TwoInputs(helpers.load_config_file(
+      helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'))
+  task.build()
+  example = task_lib.missing_signature(task).split('`')[1]
+  namespace = {'tf': tf}
+  exec(example, namespace)  # pylint: disable=exec-used
+  signature = namespace['serving_signature'](task)
+  left, right = tf.ones([3, 2]), tf.zeros([3, 2])
+  np.testing.assert_allclose(signature(left, right),
+                             task.model([left, right]), rtol=1e-6)
