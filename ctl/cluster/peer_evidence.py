@@ -73,13 +73,20 @@ def _process_here(status: dict) -> str | None:
 
 def gone_here(status: worker_status.WorkerStatus) -> str | None:
   """The first peer on this machine whose process is gone without an end
-  written (killed, or crashed), described; None when there is none."""
+  written (killed, or crashed), described; None when there is none.
+
+  Only a file written since this worker started counts: one an earlier
+  run's killed worker left (a job resumed, its peer not yet started and
+  so not yet writing) says nothing of this run's peer, and a peer of this
+  run that trained with this worker wrote its file since (its training
+  phase is written at once, after the cluster formed)."""
   mine = status.snapshot()
   now = time.time()
   peers = worker_status.read_peers(status.workdir, mine['num_workers'])
   for index, peer in sorted(peers.items()):
     if (index != status.worker_index and peer is not None and
         peer['state'] == worker_status.RUNNING and
+        peer['time'] >= mine['started'] and
         processes.state(peer.get('host'), peer['pid'],
                         peer.get('started')) == processes.GONE):
       return f'{worker_status.describe(peer, now)}: its process is gone'
