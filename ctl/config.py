@@ -142,6 +142,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.mlflow.experiment = 'ctl'
   config.mlflow.run_name = ''  # '': the workdir's name.
   config.mlflow.parent_run_id = ''  # ctl.sweep sets it for its trials.
+  # At the end of training, how long to wait for the server to take the
+  # last values (then they wait in workdir/mlflow_pending.jsonl).
+  config.mlflow.end_wait_seconds = 60
 
   # Set by ctl.sweep for a trial of a search (ctl.hyper.Search): the
   # trial's chief reports the eval metric to the study after each

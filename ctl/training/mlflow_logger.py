@@ -16,8 +16,9 @@ workdir/mlflow_pending.jsonl and a thread sends it; a value leaves that
 file once MLflow acknowledged it. While the server is down or stopped,
 values wait there (sent again every few seconds); a run killed meanwhile
 leaves them for the next run in the workdir, which sends them first. The
-end of training waits up to a minute for the last ones, then leaves them
-to the same command run again ("already finished": send_left_over).
+end of training waits up to config.mlflow.end_wait_seconds (a minute) for
+the last ones, then leaves them to the same command run again ("already
+finished": send_left_over).
 """
 
 from collections.abc import Mapping
@@ -39,7 +40,6 @@ _PARENT_TAG = 'mlflow.parentRunId'  # MLflow's own: runs nest under it.
 _MAX_PARAM_CHARS = 6000  # MLflow's limit on a param's value.
 _BATCH = 1000  # MLflow's limit of metrics in one log_batch.
 _RETRY_SECS = 5.0  # Between sends while the server does not take them.
-_END_WAIT_SECS = 60  # At the end of training, for the last values.
 
 
 def enabled(config: ml_collections.ConfigDict) -> bool:
@@ -200,11 +200,11 @@ class MlflowLogger(actions.Action):
     if finish:
       self._ending.set()
     self._wake.set()
-    if finish and not self._finished.wait(_END_WAIT_SECS):
+    if finish and not self._finished.wait(self._settings.end_wait_seconds):
       logging.warning(
-          'MLflow did not take the last %d values within %d s; they are '
+          'MLflow did not take the last %d values within %s s; they are '
           'kept in %s and sent by the next run in this workdir.',
-          len(self._pending), _END_WAIT_SECS,
+          len(self._pending), self._settings.end_wait_seconds,
           workdir_lib.mlflow_pending_path(self._workdir))
 
   def _send_until_finished(self) -> None:

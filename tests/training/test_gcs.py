@@ -56,7 +56,7 @@ def test_sigterm_mid_epoch_resumes_on_gcs_as_a_local_run_ends(
   job = helpers.Watched(helpers.ctl_command(*ARGS, f'--workdir={workdir}'),
                         _env(gcs_server))
   try:
-    job.wait_for(rf'step {stop}/88 ')
+    job.wait_for(rf'step {stop}/88 ', timeout=600)  # TensorFlow started.
     job.process.send_signal(signal.SIGTERM)
     code = job.wait()
   finally:
@@ -81,10 +81,24 @@ def test_sigterm_mid_epoch_resumes_on_gcs_as_a_local_run_ends(
   loaded = ctl.load(workdir)
   probabilities = loaded.serve(tf.zeros([2, 8, 8]))['probabilities']
   assert probabilities.shape == (2, 10)
-  # --mode=export again, from gs:// to gs://.
-  export = helpers.run_ctl(*ARGS, f'--workdir={workdir}', '--mode=export',
-                           env=_env(gcs_server))
+  # --mode=export again, from gs:// to gs://, staged in the local
+  # temporary directory: killed there, it leaves no folder on this machine
+  # once a ctl process runs again.
+  scratch = tmp_path / 'scratch'
+  scratch.mkdir()
+  command = helpers.ctl_command(*ARGS, f'--workdir={workdir}', '--mode=export')
+  env = _env(gcs_server, TMPDIR=str(scratch))
+  job = subprocess.Popen(command, cwd=helpers.REPO, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    helpers.wait_for_glob(scratch, '*export*', job)
+  finally:
+    job.kill()
+    job.wait()
+  export = helpers.run_ctl(*command[3:], env=env)
   assert export.returncode == 0, export.stderr[-3000:]
+  assert 'Exported the best checkpoint' in export.stderr
+  assert not list(scratch.glob('*export*'))  # The killed one's too.
   assert storage.exists(storage.join(workdir, 'export', 'export.json'))
   # --mode=evaluate reads the checkpoint there; init_from starts a local
   # run from its weights.
@@ -101,18 +115,19 @@ def test_sigterm_mid_epoch_resumes_on_gcs_as_a_local_run_ends(
 
 
 def test_two_workers_on_gcs_resume_after_one_is_killed(gcs_server, tmp_path):
+  args = (*ARGS, '--config.export.at_end=False')  # Export: the test above.
   reference = helpers.run_workers(
-      [*ARGS, f'--workdir={tmp_path / "local"}'], helpers.cluster_envs(2),
+      [*args, f'--workdir={tmp_path / "local"}'], helpers.cluster_envs(2),
       tmp_path)
   assert reference == [0, 0]
   expected = helpers.fingerprint((tmp_path / 'worker0.log').read_text())
   workdir = gcs_server.url('workers')
   stop = _stop_step('sigkill')
   envs = helpers.cluster_envs(2, **gcs_server.env())
-  jobs = [helpers.Watched(helpers.ctl_command(*ARGS, f'--workdir={workdir}'),
+  jobs = [helpers.Watched(helpers.ctl_command(*args, f'--workdir={workdir}'),
                           env) for env in envs]
   try:
-    jobs[1].wait_for(rf'step {stop}/88 ')
+    jobs[1].wait_for(rf'step {stop}/88 ', timeout=600)
     jobs[1].process.send_signal(signal.SIGKILL)
     codes = [job.wait() for job in jobs]
   finally:
@@ -120,7 +135,7 @@ def test_two_workers_on_gcs_resume_after_one_is_killed(gcs_server, tmp_path):
       job.kill()
   assert codes[1] == -signal.SIGKILL and codes[0] != 0, codes
   envs = helpers.cluster_envs(2, **gcs_server.env())
-  jobs = [helpers.Watched(helpers.ctl_command(*ARGS, f'--workdir={workdir}'),
+  jobs = [helpers.Watched(helpers.ctl_command(*args, f'--workdir={workdir}'),
                           env) for env in envs]
   assert [job.wait() for job in jobs] == [0, 0], jobs[0].output[-3000:]
   assert 'Training from step ' in jobs[0].output
@@ -137,7 +152,7 @@ def test_a_side_car_on_gcs_evaluates_checkpoints_and_keeps_the_best(
                               '--config.intervals.eval_steps=0'],
                              _env(gcs_server, TMPDIR=str(tmp_path)))
   try:
-    side_car.wait_for('Evaluating each new checkpoint')
+    side_car.wait_for('Evaluating each new checkpoint', timeout=600)
     trainer = helpers.Watched([*command, '--config.evaluation.best_metric=',
                                '--config.export.at_end=False'],
                               _env(gcs_server))
@@ -155,46 +170,17 @@ def test_a_side_car_on_gcs_evaluates_checkpoints_and_keeps_the_best(
                                      '.index'))
 
 
-def test_an_export_killed_on_gcs_leaves_no_folder_on_this_machine(
+def test_a_sweep_trial_on_gcs_writes_tfrecord_shards_then_trains_on_them(
     gcs_server, tmp_path):
-  # A gs:// workdir's export is staged in the local temporary directory.
-  command = helpers.ctl_command(f'--config={helpers.DIGITS}:smoke',
-                                f'--workdir={gcs_server.url("export")}')
-  env = _env(gcs_server, TMPDIR=str(tmp_path))
-  job = subprocess.Popen(command, cwd=helpers.REPO, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    helpers.wait_for_glob(tmp_path, '*export*', job)
-  finally:
-    job.kill()
-    job.wait()
-  rerun = helpers.run_ctl(*command[3:], env=env)
-  assert rerun.returncode == 0, rerun.stderr[-3000:]
-  assert 'Exported the best checkpoint' in rerun.stderr
-  # The killed export's folders too, removed by the next ctl process.
-  assert not list(tmp_path.glob('*export*'))
-
-
-def test_tfrecord_shards_on_gcs_are_written_then_trained_on(gcs_server):
   data = gcs_server.url('shards')
-  workdir = gcs_server.url('tfrecord')
-  run = helpers.run_ctl(f'--config={helpers.REPO}/configs/digits_tfrecord.py:smoke',
-                        f'--config.data.tfrecord.dir={data}',
-                        f'--workdir={workdir}', env=_env(gcs_server))
-  assert run.returncode == 0, run.stderr[-3000:]
-  assert storage.exists(storage.join(data, 'features.json'))
-  assert storage.glob(storage.join(data, 'train-*'))
-  assert storage.read_json(storage.join(workdir, 'results.json'))['eval'][
-      'accuracy'] > 0.5
-
-
-def test_a_sweep_trial_on_gcs(gcs_server, tmp_path):
   sweep_file = tmp_path / 'sweep.py'
   sweep_file.write_text(
       'from ctl import hyper\n'
       'def get_sweep():\n'
-      f'  return hyper.Sweep(config="{helpers.DIGITS}:smoke",\n'
-      '                     trials=[{"optimizer.learning_rate": 0.01}])\n')
+      '  return hyper.Sweep(\n'
+      f'      config="{helpers.REPO}/configs/digits_tfrecord.py:smoke",\n'
+      f'      trials=[{{"data.tfrecord.dir": "{data}",\n'
+      '               "export.at_end": False}])\n')
   workdir = gcs_server.url('sweep')
   run = helpers.Watched([sys.executable, '-m', 'ctl.sweep',
                          f'--sweep={sweep_file}', f'--workdir={workdir}'],
@@ -203,23 +189,27 @@ def test_a_sweep_trial_on_gcs(gcs_server, tmp_path):
   [trial] = [name for name in storage.listdir(workdir)
              if storage.isdir(storage.join(workdir, name))]
   trial_dir = storage.join(workdir, trial)
-  assert storage.read_json(storage.join(trial_dir, 'results.json'))['step']
+  results = storage.read_json(storage.join(trial_dir, 'results.json'))
+  assert results['step'] and results['eval']['accuracy'] > 0.5
   assert 'Results written' in storage.read_text(
       storage.join(trial_dir, 'log.txt'))
   assert storage.read_json(storage.join(trial_dir, 'trial.json'))[
       'exit_code'] == 0
+  assert storage.exists(storage.join(data, 'features.json'))
+  assert storage.glob(storage.join(data, 'train-*'))
 
 
 def test_the_store_going_away_during_saves_loses_nothing(gcs_server):
   workdir = gcs_server.url('outage')
   # A checkpoint every step: each outage falls on saves.
   args = (*ARGS, f'--workdir={workdir}', '--config.total_steps=30',
-          '--config.intervals.checkpoint_steps=1', '--config.steps_per_loop=1')
+          '--config.intervals.checkpoint_steps=1', '--config.steps_per_loop=1',
+          '--config.export.at_end=False')
   job = helpers.Watched(helpers.ctl_command(*args), _env(gcs_server))
   try:
     # Down for 5 s: TensorFlow's retries ride it out, or the run stops
     # as below.
-    job.wait_for(r'step 6/30 ')
+    job.wait_for(r'step 6/30 ', timeout=600)  # TensorFlow started.
     gcs_server.stop_front()
     try:
       job.process.wait(timeout=5)
@@ -271,7 +261,8 @@ def test_a_tfds_dataset_on_gcs_trains(gcs_server, tmp_path):
       f'--workdir={workdir}', f'--config.data.tfds.name={tfds_tiny.NAME}',
       f'--config.data.tfds.data_dir={data_dir}',
       '--config.data.tfds.feature_scale=0.0625', '--config.steps_per_epoch=0',
-      '--config.num_epochs=2', env=_env(gcs_server))
+      '--config.num_epochs=2', '--config.export.at_end=False',
+      env=_env(gcs_server))
   assert run.returncode == 0, run.stderr[-3000:]
   results = storage.read_json(storage.join(workdir, 'results.json'))
   assert results['step'] == 44 and results['eval']['accuracy'] > 0.5
@@ -292,6 +283,7 @@ def test_an_mnist_file_on_gcs_trains(gcs_server, tmp_path):
   workdir = gcs_server.url('mnist-run')
   run = helpers.run_ctl(f'--config={helpers.REPO}/configs/mnist.py:smoke',
                         f'--workdir={workdir}', '--config.data.name=mnist',
-                        f'--config.data.path={path}', env=_env(gcs_server))
+                        f'--config.data.path={path}',
+                        '--config.export.at_end=False', env=_env(gcs_server))
   assert run.returncode == 0, run.stderr[-3000:]
   assert storage.read_json(storage.join(workdir, 'results.json'))['step']

@@ -96,29 +96,43 @@ def _csv_values(workdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
 
 @pytest.mark.slow
 def test_a_killed_run_continues_its_mlflow_run_without_repeating_steps(
-    server, tmp_path):
+    server, server_directory, tmp_path):
+  # One workdir, killed twice: once with the server up, once while it is
+  # stopped (values logged then survive the kill in the pending file).
+  seed = random.randrange(1 << 16)
+  print(f'seed {seed}')
   flags = (*FLAGS, f'--config.mlflow.tracking_uri={server}',
            '--config.mlflow.experiment=resume',
-           '--config.intervals.checkpoint_steps=20')
+           '--config.intervals.checkpoint_steps=20',
+           '--config.intervals.async_checkpoint=False')
   workdir = tmp_path / 'run'
   # A SIGKILL after step 32: the restart trains steps 21..32 (or all from
   # step 0) again, which MLflow has already.
   job = helpers.Watched(helpers.ctl_command(*flags, f'--workdir={workdir}'))
+  job.wait_for('MLflow: run ', timeout=600)  # TensorFlow started.
   job.wait_for(r'step 32/88 ')
   job.kill()
   client = tracking.MlflowClient(server)
   assert _run_of(client, workdir).info.status == 'RUNNING'
+  job = helpers.Watched(helpers.ctl_command(*flags, f'--workdir={workdir}'))
+  job.wait_for('MLflow: continuing run', timeout=600)
+  assert int(job.wait_for(r'Training from step (\d+)')[1]) < 32
+  job.wait_for(r'step 36/88 ')
+  stopped_at, kill_at = _stop_server_and_kill(job, server_directory, seed)
+  assert (workdir / 'mlflow_pending.jsonl').stat().st_size > 0
+
   resumed = helpers.run_ctl(*flags, f'--workdir={workdir}')
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert 'MLflow: continuing run' in resumed.stderr
-  assert int(re.search(r'Training from step (\d+)', resumed.stderr)[1]) < 32
-
+  resumed_from = int(re.search(r'Training from step (\d+)', resumed.stderr)[1])
+  assert stopped_at < resumed_from < kill_at  # Steps between were lost.
   run = _run_of(client, workdir)
   assert run.info.status == 'FINISHED'
   assert run.info.run_name == workdir.name
   assert run.data.params['optimizer.learning_rate'] == str(
       helpers.load_config('digits', 'smoke').optimizer.learning_rate)
   _assert_logged_once_as_in_csv(client, run.info.run_id, workdir)
+  assert not (workdir / 'mlflow_pending.jsonl').exists()
   assert 'eval/accuracy' in run.data.metrics
   exported = {item.path for item in client.list_artifacts(run.info.run_id,
                                                           'export')}
@@ -126,32 +140,9 @@ def test_a_killed_run_continues_its_mlflow_run_without_repeating_steps(
   assert 'export/model.keras' in exported
 
 
-def _assert_logged_once_as_in_csv(client, run_id, workdir):
-  """Every value of metrics.csv in MLflow, once, at its step."""
-  for name, rows in _csv_values(workdir).items():
-    if name.startswith('workers/'):
-      continue  # Each worker's timings: TensorBoard and the CSV only.
-    history = client.get_metric_history(run_id, name)
-    logged = sorted((entry.step, entry.value) for entry in history)
-    assert [step for step, _ in logged] == [step for step, _ in rows], name
-    if 'per_second' not in name:  # Speeds differ run to run.
-      assert [value for _, value in logged] == pytest.approx(
-          [value for _, value in rows]), name
-
-
-@pytest.mark.slow
-def test_values_logged_while_the_server_is_stopped_survive_a_kill(
-    server, server_directory, tmp_path):
-  seed = random.randrange(1 << 16)
-  print(f'seed {seed}')
-  flags = (*FLAGS, f'--config.mlflow.tracking_uri={server}',
-           '--config.mlflow.experiment=outage',
-           '--config.intervals.checkpoint_steps=20',
-           '--config.intervals.async_checkpoint=False')
-  workdir = tmp_path / 'run'
-  job = helpers.Watched(helpers.ctl_command(*flags, f'--workdir={workdir}'))
-  job.wait_for('MLflow: run ')
-  job.wait_for(r'step 8/88 ')
+def _stop_server_and_kill(job, server_directory, seed) -> tuple[int, int]:
+  """Stops the server (SIGSTOP); while it is stopped, the job trains past
+  a checkpoint and is killed. The steps stopped and killed at."""
   stopped = _server_processes(server_directory)
   try:
     for pid in stopped:
@@ -168,17 +159,20 @@ def test_values_logged_while_the_server_is_stopped_survive_a_kill(
   finally:
     for pid in stopped:
       os.kill(pid, signal.SIGCONT)
-  assert (workdir / 'mlflow_pending.jsonl').stat().st_size > 0
+  return stopped_at, kill_at
 
-  resumed = helpers.run_ctl(*flags, f'--workdir={workdir}')
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  resumed_from = int(re.search(r'Training from step (\d+)', resumed.stderr)[1])
-  assert stopped_at < resumed_from < kill_at  # Steps between were lost.
-  client = tracking.MlflowClient(server)
-  run = _run_of(client, workdir)
-  assert run.info.status == 'FINISHED'
-  _assert_logged_once_as_in_csv(client, run.info.run_id, workdir)
-  assert not (workdir / 'mlflow_pending.jsonl').exists()
+
+def _assert_logged_once_as_in_csv(client, run_id, workdir):
+  """Every value of metrics.csv in MLflow, once, at its step."""
+  for name, rows in _csv_values(workdir).items():
+    if name.startswith('workers/'):
+      continue  # Each worker's timings: TensorBoard and the CSV only.
+    history = client.get_metric_history(run_id, name)
+    logged = sorted((entry.step, entry.value) for entry in history)
+    assert [step for step, _ in logged] == [step for step, _ in rows], name
+    if 'per_second' not in name:  # Speeds differ run to run.
+      assert [value for _, value in logged] == pytest.approx(
+          [value for _, value in rows]), name
 
 
 @pytest.mark.slow
@@ -189,7 +183,13 @@ def test_values_of_a_run_that_ended_while_the_server_was_stopped_are_sent(
   flags = (*FLAGS, f'--config.mlflow.tracking_uri={server}',
            '--config.mlflow.experiment=ended-in-outage')
   workdir = tmp_path / 'run'
-  job = helpers.Watched(helpers.ctl_command(*flags, f'--workdir={workdir}'))
+  # A short end wait, and short requests for the export's upload after it:
+  # the lengths of the waits are not what is tested.
+  job = helpers.Watched(
+      helpers.ctl_command(*flags, f'--workdir={workdir}',
+                          '--config.mlflow.end_wait_seconds=3'),
+      helpers.env_with(MLFLOW_HTTP_REQUEST_TIMEOUT='5',
+                       MLFLOW_HTTP_REQUEST_MAX_RETRIES='1'))
   job.wait_for('MLflow: run ', timeout=600)
   job.wait_for(r'step 8/88 ')
   stopped = _server_processes(server_directory)
@@ -202,6 +202,7 @@ def test_values_of_a_run_that_ended_while_the_server_was_stopped_are_sent(
     for pid in stopped:
       os.kill(pid, signal.SIGCONT)
   assert 'MLflow did not take the last' in job.output
+  assert 'within 3 s' in job.output  # config.mlflow.end_wait_seconds
   assert (workdir / 'mlflow_pending.jsonl').stat().st_size > 0
   client = tracking.MlflowClient(server)
   assert _run_of(client, workdir).info.status == 'RUNNING'
@@ -226,6 +227,7 @@ def test_a_sweeps_trials_are_children_of_one_parent_run(server, tmp_path):
       "          hyper.sweep('optimizer.learning_rate', [0.01, 0.03]),\n"
       "          hyper.fixed({'mlflow.tracking_uri': " f'{server!r},\n'
       "                       'mlflow.experiment': 'sweep',\n"
+      "                       'export.at_end': False,\n"
       "                       'num_epochs': 1})),\n"
       "      metric='eval.accuracy')\n")
   command = [sys.executable, '-m', 'ctl.sweep', f'--sweep={sweep_file}',
@@ -272,7 +274,8 @@ def test_two_workers_log_once_to_mlflow(server, tmp_path):
   workdir = tmp_path / 'run'
   codes = helpers.run_workers(
       [*FLAGS, f'--config.mlflow.tracking_uri={server}',
-       '--config.mlflow.experiment=two_workers', f'--workdir={workdir}'],
+       '--config.mlflow.experiment=two_workers', f'--workdir={workdir}',
+       '--config.export.at_end=False'],  # Uploaded: see the first test.
       helpers.cluster_envs(2), tmp_path)
   logs = '\n'.join(path.read_text()[-3000:]
                    for path in sorted(tmp_path.glob('worker*.log')))
