@@ -1,10 +1,11 @@
 """Seeing into a job: a hung worker named, SIGUSR1 dumps, `ctl.status`.
 
-Real workers and real signals: of 3 workers, each dumps on SIGUSR1 and
-trains on, then worker 1 is stopped for good (SIGSTOP): the others name it
-alone, in their dumps and their error lines; a worker stopped half the
-time is named as the straggler whatever the report interval; ctl.status
-reads the workdir throughout.
+Real workers and real signals: of 3 workers, one whose input is slow is
+named input-bound; each dumps on SIGUSR1 and trains on, then worker 1 is
+stopped for good (SIGSTOP): the others name it alone, in their dumps and
+their error lines; a worker stopped half the time is named as the
+straggler whatever the report interval; ctl.status reads the workdir
+throughout.
 """
 
 import os
@@ -80,88 +81,148 @@ def wait_for_dump(workdir, worker: helpers.Watched, index: int,
 
 
 @pytest.mark.slow
-def test_of_three_workers_only_the_stopped_one_is_named_and_sigusr1_dumps(
+def test_of_three_workers_the_slow_one_and_then_the_stopped_one_are_named(
     tmp_path):
-  # Worker 1 of 3 dumps on SIGUSR1 and trains on, then is stopped for good
-  # (SIGSTOP): workers 0 and 2 name it, and only it, in their dumps and
-  # their error lines; in a healthy job no dump names anyone.
-  # Long enough for a first step on a busy machine: the stop ends the job
-  # through TensorFlow's heartbeat or the watchdog, whichever comes first.
-  timeout = 60
-  workdir = tmp_path / 'workdir'
+  # One job of 3 workers, worker 1 waiting 50 ms for each batch from the
+  # first step: it alone is named input-bound (its steps do little else,
+  # so only its input wait tells it from the others). Then each worker
+  # dumps on SIGUSR1 and trains on, naming no one as stopped; then worker
+  # 1 is stopped for good (SIGSTOP): workers 0 and 2 name it, and only it,
+  # in their dumps and their error lines. ctl.status reads the workdir
+  # throughout.
+  # Long enough for a first step on a busy machine (the preemption tests
+  # run with 15 s): the stop ends the job through TensorFlow's heartbeat or
+  # the watchdog, whichever comes first.
+  timeout = 30
   workers = [helpers.Watched(helpers.ctl_command(
-      f'--config={NOISY}', '--config.batch_size=48',
+      f'--config={NOISY}:SlowInputOnOneWorker', '--config.batch_size=48',
       '--config.num_epochs=1000', '--config.steps_per_loop=4',
       '--config.intervals.log_steps=4', '--config.intervals.checkpoint_steps=0',
+      '--config.log_csv=True',
       f'--config.distribution.timeout_seconds={timeout}',
-      f'--workdir={workdir}'), env) for env in helpers.cluster_envs(3)]
+      f'--workdir={tmp_path}'), env)
+             for env in helpers.cluster_envs(3, CTL_SLOW_INPUT_WORKER='1')]
   try:
+    _slow_input_is_named(workers, tmp_path)
     for worker in workers:
       worker.wait_for(r'step 8/', timeout=300)
-    running = ctl_status(workdir)
+    running = ctl_status(tmp_path)
     assert running.returncode == 0, running.stderr[-3000:]
     assert ': RUNNING: training' in running.stdout
     assert 'workers (3):' in running.stdout
-
-    # SIGUSR1: a dump each, naming no one, and training goes on.
-    for worker in workers:
-      worker.process.send_signal(signal.SIGUSR1)
-    for index, worker in enumerate(workers):
-      dump = wait_for_dump(workdir, worker, index, 'SIGUSR1 asked')
-      assert '--- Thread MainThread' in dump
-      assert re.search(r'  worker 2 \(\S+, pid \d+\): running', dump)
-      assert named_in(dump) == [], dump
-      assert 'Stopped making progress: none (' in dump
-      (workdir / 'diagnostics' /
-       f'worker-{index}-{worker.process.pid}.txt').unlink()
-    step = int(re.search(r'This worker: .* step (\d+)', dump).group(1))
-    wait_for_step(workers[1], step + 8)
-
-    # Stopped for good: once this machine sees it stopped, the others'
-    # SIGUSR1 dumps name it alone.
-    victim = workers[1].process
-    victim.send_signal(signal.SIGSTOP)
-    while pathlib.Path(f'/proc/{victim.pid}/stat').read_text().rsplit(
-        ')', 1)[1].split()[0] != 'T':
-      time.sleep(0.01)
-    for index in (0, 2):
-      workers[index].process.send_signal(signal.SIGUSR1)
-    for index in (0, 2):
-      dump = wait_for_dump(workdir, workers[index], index, 'SIGUSR1 asked')
-      assert named_in(dump) == [1], dump
-      assert re.search(rf'Stopped making progress: worker 1 \(\S+, pid '
-                       rf'{victim.pid}\): running.*its process is stopped',
-                       dump), dump
-
-    for index in (0, 2):
-      assert workers[index].wait(timeout=timeout + 120) == (
-          errors.EXIT_PEER_FAILED)
-      [line] = [line for line in workers[index].output.splitlines()
-                if line.startswith('ctl: error:')]
-      assert named_in(line) == [1], line
-      assert re.search(r'Stopped making progress: worker 1 \(\S+, pid '
-                       rf'{victim.pid}\): running, phase [\w -]+, step \d+.*'
-                       ': its process is stopped', line), line
-      dump = workdir / 'diagnostics' / (
-          f'worker-{index}-{workers[index].process.pid}.txt')
-      assert str(dump) in line
-      stacks = dump.read_text()
-      assert named_in(stacks) == [1], stacks
-      # Whichever ended the wait (TensorFlow or the watchdog), the dump
-      # shows where the main thread waited: in the loop (the watchdog's, in
-      # its stack; TensorFlow's, in its error's traceback), in its steps or
-      # an evaluation.
-      assert re.search(r'(no progress for distribution.timeout_seconds=60|'
-                       r'TensorFlow reported a lost peer)', stacks), stacks
-      assert 'ctl/training/loop.py' in stacks, stacks
-
-    failed = ctl_status(workdir)
+    _sigusr1_dumps_name_no_one(workers, tmp_path)
+    _the_stopped_one_alone_is_named(workers, tmp_path, timeout)
+    failed = ctl_status(tmp_path)
     assert failed.returncode == 0, failed.stderr[-3000:]
     assert re.search(r': FAILED: worker [02] exited with code 43',
                      failed.stdout), failed.stdout
   finally:
     for worker in workers:
       worker.kill()
+
+
+def _slow_input_is_named(workers: list[helpers.Watched], workdir) -> None:
+  """The chief, ctl.status and each worker's timings name worker 1
+  input-bound, and no one else a straggler."""
+  chief = workers[0]
+  named = chief.wait_for(r'Straggler: worker (\d+) \(\S+, pid (\d+)\) is '
+                         r'(\S+) \(.*: ([\d.]+) s waiting for input',
+                         timeout=300)
+  print(next(line for line in chief.output.splitlines()
+             if 'Straggler:' in line))
+  assert named.groups()[:3] == ('1', str(workers[1].process.pid),
+                                'input-bound')
+  assert 'Straggler: worker 0' not in chief.output
+  assert 'Straggler: worker 2' not in chief.output
+  # ctl.status judges the last reports afresh, where the chief's line
+  # stays until a window without a slow report: a report in which the
+  # machine was busier (a loop longer than 5 times worker 1's wait, e.g.
+  # while ctl.status itself starts) can make a window show none.
+  deadline = time.monotonic() + 120
+  while not re.search(r'stragglers: worker 1 \(\S+, pid \d+, input-bound\)',
+                      (status := ctl_status(workdir)).stdout):
+    assert time.monotonic() < deadline, status.stdout
+  # Each worker's timings: in TensorBoard, and in metrics.csv with a later
+  # report, under the steps of their reports.
+  deadline = time.monotonic() + 120
+  while 'workers/1/input_wait_ms' not in (
+      (workdir / 'metrics.csv').read_text()
+      if (workdir / 'metrics.csv').exists() else ''):
+    assert chief.process.poll() is None, chief.output[-3000:]
+    assert time.monotonic() < deadline, 'no worker timings in metrics.csv'
+    time.sleep(0.05)
+  rows = _csv_values(workdir / 'metrics.csv')
+  scalars = helpers.read_scalars(workdir / 'workers')
+  for index in (0, 1, 2):
+    for name in ('loops_ms', 'work_ms', 'input_wait_ms', 'actions_ms'):
+      tag = f'workers/{index}/{name}'
+      written = dict(scalars[tag])  # In float32.
+      assert [written.get(step) for step, _ in rows[tag]] == pytest.approx(
+          [value for _, value in rows[tag]], rel=1e-6), tag
+  waited = {index: sum(value for _, value in
+                       scalars[f'workers/{index}/input_wait_ms'])
+            for index in (0, 1, 2)}
+  assert waited[1] > 10 * max(waited[0], waited[2]), waited
+
+
+def _sigusr1_dumps_name_no_one(workers: list[helpers.Watched],
+                               workdir) -> None:
+  """SIGUSR1: a dump each, naming no one as stopped, and training goes on."""
+  for worker in workers:
+    worker.process.send_signal(signal.SIGUSR1)
+  for index, worker in enumerate(workers):
+    dump = wait_for_dump(workdir, worker, index, 'SIGUSR1 asked')
+    assert '--- Thread MainThread' in dump
+    assert re.search(r'  worker 2 \(\S+, pid \d+\): running', dump)
+    assert named_in(dump) == [], dump
+    assert 'Stopped making progress: none (' in dump
+    (workdir / 'diagnostics' /
+     f'worker-{index}-{worker.process.pid}.txt').unlink()
+  step = int(re.search(r'This worker: .* step (\d+)', dump).group(1))
+  wait_for_step(workers[1], step + 8)
+
+
+def _the_stopped_one_alone_is_named(workers: list[helpers.Watched], workdir,
+                                    timeout: int) -> None:
+  """Worker 1 stopped for good: once this machine sees it stopped, the
+  others' SIGUSR1 dumps, error lines and failure dumps name it alone."""
+  victim = workers[1].process
+  victim.send_signal(signal.SIGSTOP)
+  while pathlib.Path(f'/proc/{victim.pid}/stat').read_text().rsplit(
+      ')', 1)[1].split()[0] != 'T':
+    time.sleep(0.01)
+  for index in (0, 2):
+    workers[index].process.send_signal(signal.SIGUSR1)
+  for index in (0, 2):
+    dump = wait_for_dump(workdir, workers[index], index, 'SIGUSR1 asked')
+    assert named_in(dump) == [1], dump
+    assert re.search(rf'Stopped making progress: worker 1 \(\S+, pid '
+                     rf'{victim.pid}\): running.*its process is stopped',
+                     dump), dump
+
+  for index in (0, 2):
+    assert workers[index].wait(timeout=timeout + 120) == (
+        errors.EXIT_PEER_FAILED)
+    [line] = [line for line in workers[index].output.splitlines()
+              if line.startswith('ctl: error:')]
+    assert named_in(line) == [1], line
+    assert re.search(r'Stopped making progress: worker 1 \(\S+, pid '
+                     rf'{victim.pid}\): running, phase [\w -]+, step \d+.*'
+                     ': its process is stopped', line), line
+    dump = workdir / 'diagnostics' / (
+        f'worker-{index}-{workers[index].process.pid}.txt')
+    assert str(dump) in line
+    stacks = dump.read_text()
+    assert named_in(stacks) == [1], stacks
+    # Whichever ended the wait (TensorFlow or the watchdog), the dump
+    # shows where the main thread waited: in the loop (the watchdog's, in
+    # its stack; TensorFlow's, in its error's traceback), in its steps or
+    # an evaluation. (The watchdog's header, as ctl/cluster/watchdog.py
+    # words it since b321012.)
+    assert re.search(
+        rf'(No progress for {timeout} s \(config\.distribution\.'
+        r'timeout_seconds\)|TensorFlow reported a lost peer)', stacks), stacks
+    assert 'ctl/training/loop.py' in stacks, stacks
 
 
 @pytest.mark.slow
@@ -209,62 +270,6 @@ def test_a_worker_at_half_speed_is_named_though_no_report_is_slow_in_a_row(
     for worker in workers:
       if worker.process.poll() is None:
         worker.process.send_signal(signal.SIGCONT)
-      worker.kill()
-
-
-@pytest.mark.slow
-def test_a_worker_whose_input_pipeline_is_slow_is_named_input_bound(tmp_path):
-  # Of 3 workers, worker 1 waits 50 ms for each batch from the first step;
-  # its steps do little else, so only its input wait tells it from the
-  # others, and neither of them is named.
-  workers = [helpers.Watched(helpers.ctl_command(
-      f'--config={NOISY}:SlowInputOnOneWorker', '--config.batch_size=48',
-      '--config.num_epochs=1000', '--config.steps_per_loop=4',
-      '--config.intervals.log_steps=4', '--config.intervals.checkpoint_steps=0',
-      '--config.log_csv=True', f'--workdir={tmp_path}'), env)
-             for env in helpers.cluster_envs(3, CTL_SLOW_INPUT_WORKER='1')]
-  chief = workers[0]
-  try:
-    named = chief.wait_for(r'Straggler: worker (\d+) \(\S+, pid (\d+)\) is '
-                           r'(\S+) \(.*: ([\d.]+) s waiting for input',
-                           timeout=300)
-    print(next(line for line in chief.output.splitlines()
-               if 'Straggler:' in line))
-    assert named.groups()[:3] == ('1', str(workers[1].process.pid),
-                                  'input-bound')
-    assert 'Straggler: worker 0' not in chief.output
-    assert 'Straggler: worker 2' not in chief.output
-    # ctl.status judges the last reports afresh, where the chief's line
-    # stays until a window without a slow report: a report in which the
-    # machine was busier (a loop longer than 5 times worker 1's wait, e.g.
-    # while ctl.status itself starts) can make a window show none.
-    deadline = time.monotonic() + 120
-    while not re.search(r'stragglers: worker 1 \(\S+, pid \d+, input-bound\)',
-                        (status := ctl_status(tmp_path)).stdout):
-      assert time.monotonic() < deadline, status.stdout
-    # Each worker's timings: in TensorBoard, and in metrics.csv with a later
-    # report, under the steps of their reports.
-    deadline = time.monotonic() + 120
-    while 'workers/1/input_wait_ms' not in (
-        (tmp_path / 'metrics.csv').read_text()
-        if (tmp_path / 'metrics.csv').exists() else ''):
-      assert chief.process.poll() is None, chief.output[-3000:]
-      assert time.monotonic() < deadline, 'no worker timings in metrics.csv'
-      time.sleep(0.05)
-    rows = _csv_values(tmp_path / 'metrics.csv')
-    scalars = helpers.read_scalars(tmp_path / 'workers')
-    for index in (0, 1, 2):
-      for name in ('loops_ms', 'work_ms', 'input_wait_ms', 'actions_ms'):
-        tag = f'workers/{index}/{name}'
-        written = dict(scalars[tag])  # In float32.
-        assert [written.get(step) for step, _ in rows[tag]] == pytest.approx(
-            [value for _, value in rows[tag]], rel=1e-6), tag
-    waited = {index: sum(value for _, value in
-                         scalars[f'workers/{index}/input_wait_ms'])
-              for index in (0, 1, 2)}
-    assert waited[1] > 10 * max(waited[0], waited[2]), waited
-  finally:
-    for worker in workers:
       worker.kill()
 
 

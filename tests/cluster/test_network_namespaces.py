@@ -8,9 +8,11 @@ port. A job trains to completion; then one host's worker is killed
 mid-epoch, the job is started again, and its final weights are
 bit-identical to those of the uninterrupted run.
 
-Needs root (namespaces, links) and iproute2's `ip`; skipped, saying so,
-without them. Whatever a test creates (namespaces, links, the processes in
-the namespaces) is removed when it ends, failed or not.
+The kill step is drawn from a seed the test prints; CTL_NETNS_SEED=<seed>
+reproduces it. Needs root (namespaces, links) and iproute2's `ip`;
+skipped, saying so, without them. Whatever a test creates (namespaces,
+links, the processes in the namespaces) is removed when it ends, failed or
+not.
 """
 
 import json
@@ -31,6 +33,7 @@ import helpers
 
 pytestmark = pytest.mark.slow
 
+SEED = int(os.environ.get('CTL_NETNS_SEED', random.randrange(10**6)))
 NUM_HOSTS = 2
 PORT = 2222  # The same on every host: each has its own address.
 TIMEOUT_SECONDS = 15
@@ -165,7 +168,9 @@ def test_workers_on_their_own_hosts_resume_a_killed_one_bit_identical(
   workdir = tmp_path / 'workdir'
   workers = hosts.start_job(workdir)
   helpers.wait_for_checkpoint(workdir, workers[1].process)
-  step = random.randrange(6, STEPS_PER_EPOCH - 4)  # Mid-epoch, past a save.
+  print(f'seed {SEED} (CTL_NETNS_SEED={SEED} reproduces it)')
+  # Mid-epoch, past a save.
+  step = random.Random(SEED).randrange(6, STEPS_PER_EPOCH - 4)
   workers[1].wait_for(rf'step {step}/{TOTAL_STEPS} ')
   killed_at = time.monotonic()
   workers[1].process.send_signal(signal.SIGKILL)

@@ -84,17 +84,28 @@ def test_a_batch_that_does_not_divide_across_workers_fails_on_each(tmp_path):
 # Longer than TensorFlow's own heartbeat timeout (10 s), which had failed
 # the job (exit 43) whatever distribution.timeout_seconds said, and well
 # within this test's timeout.
-FROZEN_SECONDS = 20
-FROZEN_TIMEOUT_SECONDS = 60
+FROZEN_SECONDS = 15
+FROZEN_TIMEOUT_SECONDS = 40
 
 
-@pytest.mark.parametrize('frozen', [[1], [0, 1, 2]], ids=['one', 'all'])
+def _freeze(workers: list[helpers.Watched], indices) -> None:
+  """Stops those workers (SIGSTOP) for FROZEN_SECONDS while the job runs."""
+  for index in indices:
+    workers[index].process.send_signal(signal.SIGSTOP)
+  # Each froze mid-job, not after it finished.
+  assert all(worker.process.poll() is None for worker in workers)
+  time.sleep(FROZEN_SECONDS)  # The length of the fault itself.
+  for index in indices:
+    workers[index].process.send_signal(signal.SIGCONT)
+
+
 def test_workers_frozen_for_less_than_the_timeout_cost_time_not_the_job(
-    tmp_path, frozen):
+    tmp_path):
   # A garbage-collection pause, a slow write, a Slurm suspend of the whole
-  # job: a worker (or all, the chief with TensorFlow's coordination service
-  # among them) stopped for less than distribution.timeout_seconds.
-  args = (*ARGS, f'--workdir={tmp_path}', '--config.num_epochs=4',
+  # job: a worker, then all (the chief with TensorFlow's coordination
+  # service among them), stopped for less than
+  # distribution.timeout_seconds, in one job.
+  args = (*ARGS, f'--workdir={tmp_path}', '--config.num_epochs=8',
           '--config.batch_size=48', '--config.steps_per_loop=4',
           '--config.intervals.log_steps=4',
           f'--config.distribution.timeout_seconds={FROZEN_TIMEOUT_SECONDS}')
@@ -102,11 +113,9 @@ def test_workers_frozen_for_less_than_the_timeout_cost_time_not_the_job(
              for env in helpers.cluster_envs(3)]
   try:
     workers[1].wait_for(r' step 8/', 300)
-    for index in frozen:
-      workers[index].process.send_signal(signal.SIGSTOP)
-    time.sleep(FROZEN_SECONDS)  # The length of the fault itself.
-    for index in frozen:
-      workers[index].process.send_signal(signal.SIGCONT)
+    _freeze(workers, [1])
+    workers[1].wait_for(r' step 24/', 300)  # The job went on.
+    _freeze(workers, [0, 1, 2])
     codes = [worker.wait(timeout=600) for worker in workers]
   finally:
     for worker in workers:
@@ -118,20 +127,23 @@ def test_workers_frozen_for_less_than_the_timeout_cost_time_not_the_job(
 
 
 def test_a_worker_frozen_past_the_timeout_is_named_by_the_watchdog(tmp_path):
-  # Past distribution.timeout_seconds the job fails (exit 43), and the
-  # message names what noticed it with its real timeout: the watchdog, at
-  # the timeout the user set (TensorFlow's heartbeat had fired first, after
-  # its own 10 s, and the message named the user's timeout). 30 s: a loaded
-  # machine's first steps take more than 15.
+  # Past distribution.timeout_seconds the job fails (exit 43) within the
+  # timeout, and the message names what noticed it with its real timeout:
+  # the watchdog, at the timeout the user set (TensorFlow's heartbeat had
+  # fired first, after its own 10 s, and the message named the user's
+  # timeout). 20 s: a loaded machine's first steps take more than 15.
+  timeout = 20
   args = (*ARGS, f'--workdir={tmp_path}', '--config.num_epochs=200',
           '--config.steps_per_loop=4', '--config.intervals.log_steps=4',
-          '--config.distribution.timeout_seconds=30')
+          f'--config.distribution.timeout_seconds={timeout}')
   workers = [helpers.Watched(helpers.ctl_command(*args), env)
              for env in helpers.cluster_envs(2)]
   try:
     workers[0].wait_for(r' step 8/', 300)
+    hung_at = time.monotonic()
     workers[1].process.send_signal(signal.SIGSTOP)
     code = workers[0].wait(timeout=300)
+    assert time.monotonic() - hung_at < timeout + 20
   finally:
     for worker in workers:
       worker.kill()
@@ -140,5 +152,5 @@ def test_a_worker_frozen_past_the_timeout_is_named_by_the_watchdog(tmp_path):
             if line.startswith('ctl: error:')]
   assert line.startswith(
       'ctl: error: Lost the other workers (DeadlineExceededError): this '
-      'worker made no progress for distribution.timeout_seconds=30 (its '
-      'watchdog ended the wait)'), line
+      f'worker made no progress for distribution.timeout_seconds={timeout} '
+      '(its watchdog ended the wait)'), line

@@ -3,7 +3,9 @@
 Every run here uses one config in deterministic mode, with dropout (so the
 random layers' state must be checkpointed too), a log line and a checkpoint
 after every step (so a kill often lands while a checkpoint is written), and
-is compared with an uninterrupted run of the same config.
+is compared with an uninterrupted run of the same config. Kill points are
+drawn from a seed each test prints; CTL_PREEMPTION_SEED=<seed> reproduces
+them.
 """
 
 import os
@@ -19,6 +21,7 @@ import helpers
 
 pytestmark = pytest.mark.slow
 
+SEED = int(os.environ.get('CTL_PREEMPTION_SEED', random.randrange(10**6)))
 TIMEOUT_SECONDS = 15
 NOISY = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
 STEPS_PER_EPOCH = 20
@@ -48,10 +51,17 @@ def _finish(workdir, num_workers=1) -> str:
   return fingerprints[0]
 
 
-def _mid_epoch_step(epoch: int | None = None) -> int:
+@pytest.fixture
+def rng(request) -> random.Random:
+  """The test's random choices, from SEED (printed) and the test's name."""
+  print(f'seed {SEED} (CTL_PREEMPTION_SEED={SEED} reproduces it)')
+  return random.Random(f'{SEED}-{request.node.name}')
+
+
+def _mid_epoch_step(rng: random.Random, epoch: int | None = None) -> int:
   """A random step in the first half of epoch 0 or 1."""
-  epoch = random.randrange(2) if epoch is None else epoch
-  return STEPS_PER_EPOCH * epoch + random.randrange(3, STEPS_PER_EPOCH // 2)
+  epoch = rng.randrange(2) if epoch is None else epoch
+  return STEPS_PER_EPOCH * epoch + rng.randrange(3, STEPS_PER_EPOCH // 2)
 
 
 def _resumed_from(output: str) -> int:
@@ -69,9 +79,13 @@ def uninterrupted(tmp_path_factory):
   }
 
 
-def test_sigterm_saves_the_step_reached_and_resumes_bit_identical(
-    tmp_path, uninterrupted):
-  target = _mid_epoch_step()
+def test_sigterm_saves_the_step_reached_and_a_later_sigkill_loses_nothing(
+    tmp_path, uninterrupted, rng):
+  # One worker: SIGTERM mid-epoch saves the step reached; the resumed run
+  # is killed (SIGKILL) at a random moment, often while it saves (every
+  # other step); the next run resumes from the newest complete checkpoint
+  # and ends bit-identical to the uninterrupted run.
+  target = _mid_epoch_step(rng)
   worker, code, attempt = helpers.sigterm_after(
       lambda attempt: _start(tmp_path / str(attempt))[0],
       rf'step {target}/{TOTAL_STEPS} ', TOTAL_STEPS)
@@ -83,112 +97,93 @@ def test_sigterm_saves_the_step_reached_and_resumes_bit_identical(
   assert helpers.latest_checkpoint_step(workdir) == stopped
 
   [resumed] = _start(workdir)
-  assert resumed.wait() == 0, resumed.output[-3000:]
+  resumed.wait_for(rf'step {stopped + rng.randrange(2, 15)}/{TOTAL_STEPS} ')
+  time.sleep(rng.uniform(0.0, 0.05))
+  resumed.process.send_signal(signal.SIGKILL)
+  assert resumed.wait() == -signal.SIGKILL
   assert _resumed_from(resumed.output) == stopped
   # The first step trained after the resume is the one after the stop.
   first_step = re.search(rf'step (\d+)/{TOTAL_STEPS} ',
                          resumed.output).group(1)
   assert int(first_step) == stopped + 1
-  assert helpers.fingerprint(resumed.output) == [uninterrupted[1]]
+  # The newest complete checkpoint is the one the next run resumes from.
+  resume_at = helpers.latest_checkpoint_step(workdir)
 
-
-def test_sigkill_at_random_moments_loses_nothing_and_resumes_bit_identical(
-    tmp_path, uninterrupted):
-  # Checkpoints are written every other step, so kills often hit a save.
-  resume_at = 0
-  for _ in range(3):
-    [worker] = _start(tmp_path)
-    worker.wait_for(rf'Training from step {resume_at} to ')
-    worker.wait_for(
-        rf'step {resume_at + random.randrange(1, 15)}/{TOTAL_STEPS} ')
-    time.sleep(random.uniform(0.0, 0.05))
-    worker.process.send_signal(signal.SIGKILL)
-    assert worker.wait() == -signal.SIGKILL
-    # The newest complete checkpoint is the one the next run resumes from.
-    resume_at = helpers.latest_checkpoint_step(tmp_path)
-  [final] = _start(tmp_path)
+  [final] = _start(workdir)
   assert final.wait() == 0, final.output[-3000:]
   assert _resumed_from(final.output) == resume_at
   assert helpers.fingerprint(final.output) == [uninterrupted[1]]
 
 
-def test_sigterm_to_one_worker_stops_both_at_one_step_bit_identical(
-    tmp_path, uninterrupted):
-  workers, workdir = _sigterm_worker_1_mid_epoch(tmp_path)
-  stopped = {int(step) for worker in workers for step in re.findall(
-      r'Stopped by SIGTERM after step (\d+)', worker.output)}
-  assert len(stopped) == 1
-  [stopped] = stopped
-  assert helpers.latest_checkpoint_step(workdir) == stopped
-  assert 'Took part in saving checkpoint' in workers[1].output
-
-  resumed = _start(workdir, num_workers=2)
-  assert [worker.wait() for worker in resumed] == [0, 0]
-  for worker in resumed:
-    assert _resumed_from(worker.output) == stopped
-    assert helpers.fingerprint(worker.output) == [uninterrupted[2]]
+def _attempt_lines(output: str, attempt: int, worker: int) -> str:
+  """A worker's lines of one attempt of ctl.launch, without the prefix."""
+  prefix = f'[worker {worker}] '
+  segment = re.split(r'attempt \d+: started workers', output)[attempt]
+  return ''.join(line[len(prefix):] + '\n' for line in segment.splitlines()
+                 if line.startswith(prefix))
 
 
-def _sigterm_worker_1_mid_epoch(tmp_path, attempts=3):
-  """Sends SIGTERM to worker 1 of 2 at a random mid-epoch step.
-
-  On a loaded machine the test may read the step's log line so late that
-  the job finishes before the signal takes effect: both workers then
-  rightly exit 0, with everything saved. That attempt is repeated in a new
-  workdir; a job that ignores SIGTERM fails every attempt.
-
-  Returns:
-    The stopped workers and their workdir.
-  """
-  for attempt in range(attempts):
-    workdir = tmp_path / f'attempt{attempt}'
-    target = _mid_epoch_step()
-    workers = _start(workdir, num_workers=2)
-    workers[1].wait_for(rf'step {target}/{TOTAL_STEPS} ')
-    workers[1].process.send_signal(signal.SIGTERM)
-    codes = [worker.wait() for worker in workers]
-    # A SIGTERM during the last loop also lets the job finish, rightly.
-    finished_first = codes == [0, 0] and not any(
-        'Stopped by SIGTERM' in worker.output for worker in workers)
-    if not finished_first:
-      assert codes == [errors.EXIT_PREEMPTED] * 2, workers[1].output[-3000:]
-      return workers, workdir
-  raise AssertionError(f'The job finished before SIGTERM in all {attempts} '
-                       'attempts')
+def _last_step(output: str) -> int:
+  """The highest step any worker has logged so far."""
+  return max(map(int, re.findall(rf'step (\d+)/{TOTAL_STEPS} ', output)),
+             default=0)
 
 
-@pytest.mark.parametrize('victim', [0, 1])
-def test_sigkill_of_one_worker_fails_the_other_fast_and_resumes_bit_identical(
-    tmp_path, uninterrupted, victim):
-  workers = _start(tmp_path, num_workers=2)
-  workers[victim].wait_for(rf'step {_mid_epoch_step()}/{TOTAL_STEPS} ')
-  killed_at = time.monotonic()
-  workers[victim].process.send_signal(signal.SIGKILL)
-  survivor = workers[1 - victim]
-  assert survivor.wait() == errors.EXIT_PEER_FAILED
-  assert time.monotonic() - killed_at < TIMEOUT_SECONDS + 20
-  assert 'restart every worker' in survivor.output
-  workers[victim].wait()
-  latest = helpers.latest_checkpoint_step(tmp_path)
-
-  resumed = _start(tmp_path, num_workers=2)
-  assert [worker.wait() for worker in resumed] == [0, 0]
-  for worker in resumed:
-    assert _resumed_from(worker.output) == latest
-    assert helpers.fingerprint(worker.output) == [uninterrupted[2]]
-
-
-def test_a_hung_worker_fails_the_other_within_the_timeout(tmp_path):
-  workers = _start(tmp_path, num_workers=2)
-  workers[1].wait_for(rf'step \d+/{TOTAL_STEPS} ')
-  hung_at = time.monotonic()
-  workers[1].process.send_signal(signal.SIGSTOP)
+def test_a_job_sigtermed_then_sigkilled_twice_resumes_to_the_same_weights(
+    tmp_path, uninterrupted, rng):
+  # One 2-worker job under ctl.launch, stopped three ways before it
+  # finishes: SIGTERM to worker 1 (both stop at one step and save), then
+  # SIGKILL of worker 0 (the chief, host of TensorFlow's coordination
+  # service), then of worker 1 (the other fails fast, 43). Each restart
+  # resumes from the newest complete checkpoint; the last ends with the
+  # uninterrupted run's weights.
+  launcher = helpers.Watched([
+      *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2',
+      '--max_restarts=3', '--', *ARGS, f'--workdir={tmp_path}'])
+  resumes = {}  # {attempt: the newest checkpoint when it started}
   try:
-    assert workers[0].wait() == errors.EXIT_PEER_FAILED
-    assert time.monotonic() - hung_at < TIMEOUT_SECONDS + 20
-    assert 'Lost the other workers' in workers[0].output
+    pids = launcher.wait_for(
+        r'attempt 1: started workers with pids \[(\d+), (\d+)\]')
+    launcher.wait_for(rf'\[worker 1\] .*step {_mid_epoch_step(rng, 0)}/')
+    os.kill(int(pids.group(2)), signal.SIGTERM)
+    launcher.wait_for(r'attempt 1: workers exited with \[42, 42\]; '
+                      r'restarting \(1 of 3\)')
+    # Read before the restarted workers, seconds from a step, could save.
+    resumes[2] = helpers.latest_checkpoint_step(tmp_path)
+    for attempt, victim in ((2, 0), (3, 1)):
+      pids = launcher.wait_for(rf'attempt {attempt}: started workers with '
+                               r'pids \[(\d+), (\d+)\]')
+      # Past every step logged so far, of this attempt or an earlier one.
+      target = _last_step(launcher.output) + rng.randrange(2, 8)
+      launcher.wait_for(rf'\[worker {victim}\] .*step {target}/')
+      killed_at = time.monotonic()
+      os.kill(int(pids.group(victim + 1)), signal.SIGKILL)
+      codes = [-signal.SIGKILL, errors.EXIT_PEER_FAILED]
+      launcher.wait_for(re.escape(
+          f'attempt {attempt}: workers exited with '
+          f'{codes if victim == 0 else codes[::-1]}; restarting '
+          f'({attempt} of 3)'))
+      assert time.monotonic() - killed_at < TIMEOUT_SECONDS + 20
+      resumes[attempt + 1] = helpers.latest_checkpoint_step(tmp_path)
+      survivor = _attempt_lines(launcher.output, attempt, 1 - victim)
+      assert 'restart every worker' in survivor, survivor[-3000:]
+    assert launcher.wait() == 0, launcher.output[-3000:]
   finally:
-    workers[1].kill()
+    launcher.kill()
+  assert 'attempt 4: training finished' in launcher.output
+
+  # SIGTERM to one worker stopped both after the same step, saved there.
+  stops = re.findall(r'Stopped by SIGTERM after step (\d+)',
+                     re.split('attempt 2: started', launcher.output)[0])
+  assert len(stops) == 2 and len(set(stops)) == 1, stops
+  assert resumes[2] == int(stops[0])
+  assert 'Took part in saving checkpoint' in _attempt_lines(
+      launcher.output, 1, 1)
+  for attempt, resume_at in resumes.items():
+    for worker in (0, 1):
+      assert _resumed_from(_attempt_lines(launcher.output, attempt,
+                                          worker)) == resume_at
+  assert helpers.fingerprint(launcher.output) == [uninterrupted[2]] * 2
 
 
 def test_a_worker_stuck_in_python_fails_both_and_no_thread_is_left_per_step(
@@ -225,37 +220,13 @@ def test_a_worker_stuck_in_python_fails_both_and_no_thread_is_left_per_step(
     assert int(threads['12']) - int(threads['4']) < 4, threads
 
 
-def test_launcher_restarts_a_job_sigtermed_twice_to_the_same_weights(
-    tmp_path, uninterrupted):
-  launcher = helpers.Watched([
-      *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2',
-      '--max_restarts=2', '--', *ARGS, f'--workdir={tmp_path}'])
-  try:
-    target = _mid_epoch_step(epoch=0)
-    for attempt in (1, 2):
-      pids = launcher.wait_for(
-          rf'attempt {attempt}: started workers with pids \[(\d+), (\d+)\]')
-      launcher.wait_for(rf'\[worker 1\] .*step {target}/')
-      os.kill(int(pids.group(2)), signal.SIGTERM)
-      launcher.wait_for(rf'attempt {attempt}: workers exited with \[42, 42\]; '
-                        'restarting')
-      stops = re.findall(r'Stopped by SIGTERM after step (\d+)',
-                         launcher.output)
-      target = int(stops[-1]) + random.randrange(2, 8)  # Next attempt's.
-    assert launcher.wait() == 0, launcher.output[-3000:]
-  finally:
-    launcher.kill()
-  assert 'attempt 3: training finished' in launcher.output
-  assert helpers.fingerprint(launcher.output) == [uninterrupted[2]] * 2
-
-
 def test_sigterm_to_the_launcher_saves_and_exits_42_without_restarting(
-    tmp_path):
+    tmp_path, rng):
   launcher = helpers.Watched([
       *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2', '--',
       *ARGS, f'--workdir={tmp_path}'])
   try:
-    launcher.wait_for(rf'\[worker 0\] .*step {_mid_epoch_step()}/')
+    launcher.wait_for(rf'\[worker 0\] .*step {_mid_epoch_step(rng)}/')
     launcher.process.send_signal(signal.SIGTERM)
     assert launcher.wait() == errors.EXIT_PREEMPTED
   finally:
