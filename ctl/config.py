@@ -133,18 +133,15 @@ def base_config() -> ml_collections.ConfigDict:
   # workdir/metrics.csv as step,name,value rows (ctl.CsvLogger).
   config.log_csv = False
 
-  # Log the run to an MLflow tracking server (the extra ctl[mlflow]): the
-  # config as params, train and eval values, the export as artifacts; one
-  # MLflow run per workdir, continued on resume (ctl/training/
-  # mlflow_logger.py). '' tracking_uri: off.
+  # Log the run to an MLflow tracking server (ctl[mlflow]): config, values,
+  # export; one MLflow run per workdir, continued on resume
+  # (ctl/training/mlflow_logger.py). '' tracking_uri: off.
   config.mlflow = ml_collections.ConfigDict()
   config.mlflow.tracking_uri = ''  # e.g. 'http://localhost:5000'
   config.mlflow.experiment = 'ctl'
   config.mlflow.run_name = ''  # '': the workdir's name.
   config.mlflow.parent_run_id = ''  # ctl.sweep sets it for its trials.
-  # At the end of training, how long to wait for the server to take the
-  # last values (then they wait in workdir/mlflow_pending.jsonl).
-  config.mlflow.end_wait_seconds = 60
+  config.mlflow.end_wait_seconds = 60  # For the last values, at the end.
 
   # Set by ctl.sweep for a trial of a search (ctl.hyper.Search): the
   # trial's chief reports the eval metric to the study after each
