@@ -96,6 +96,7 @@ def test_a_step_that_does_not_accumulate_is_an_error_not_a_silent_whole_batch(
   assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_keras_own_accumulation_on_two_replicas_is_refused_with_the_way_out(
     tmp_path):
   run = helpers.Watched([

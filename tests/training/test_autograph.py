@@ -59,6 +59,7 @@ def test_python_control_flow_on_one_and_two_replicas_and_two_workers(
   _check_flow(tmp_path / 'workers', 16)
 
 
+@pytest.mark.slow
 def test_without_autograph_python_control_flow_is_a_clear_error(tmp_path):
   failed = helpers.run_ctl(*ARGS, '--config.autograph=False',
                            f'--workdir={tmp_path}')
@@ -67,6 +68,7 @@ def test_without_autograph_python_control_flow_is_a_clear_error(tmp_path):
   assert 'config.autograph' in failed.stderr
 
 
+@pytest.mark.slow
 def test_a_train_step_wrapped_in_tf_function_trains_with_the_default_config(
     tmp_path):
   # Its tf.function exposes no __code__ for ctl's AutoGraph to convert (a
