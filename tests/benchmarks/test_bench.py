@@ -76,6 +76,7 @@ def _assert_progress_to(progress, total_steps):
   assert list(steps) == sorted(set(steps)) and list(times) == sorted(times)
 
 
+@pytest.mark.slow
 def test_the_tfrecord_contenders_train_and_the_data_save_is_measured(
     tmp_path):
   directory = str(tmp_path / 'shards')
@@ -89,6 +90,7 @@ def test_the_tfrecord_contenders_train_and_the_data_save_is_measured(
   assert 1000 < size < 100_000  # About 12 KB: positions, not records.
 
 
+@pytest.mark.slow
 def test_the_elastic_section_s_measures_run(tmp_path):
   directory = str(tmp_path / 'shards')
   tfrecord.write_shards(directory)
@@ -101,6 +103,7 @@ def test_the_elastic_section_s_measures_run(tmp_path):
     assert 0 < tfrecord.restart_seconds(many, order) < 60
 
 
+@pytest.mark.slow
 def test_processes_in_turns_run_only_in_their_own_windows():
   # Two real processes, each stopped (SIGSTOP) outside its turns.
   # About 3-7 s of work each: several measured turns of 0.3 s each in the
@@ -135,6 +138,7 @@ def test_the_compute_only_loop_gathers_batches_and_returns_its_loss():
   assert float(loop(tf.constant(2), tf.constant(3))) == 2 + 3 + 4
 
 
+@pytest.mark.slow
 def test_three_contenders_in_turns_pair_each_with_each_other():
   contender = ('benchmarks.timeslice:python_loop_progress',
                {'total_steps': 20_000})  # Several turns each.
@@ -150,6 +154,7 @@ def test_three_contenders_in_turns_pair_each_with_each_other():
   assert comparison.ratio_between('two', 'three') > 0
 
 
+@pytest.mark.slow
 def test_the_profile_traces_each_loop_s_steps_op_by_op():
   for contender in ('ctl', 'compute'):
     traced = profile.trace(contender, 'mlp', steps=100)

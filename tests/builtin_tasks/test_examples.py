@@ -1,7 +1,9 @@
 """The example tasks in experiments/ train from their configs, and each does
 what it shows: float targets learnt, clipping after the all-reduce and an
 EMA evaluated, a GAN's two networks trained, and a tf.data pipeline of
-variable-length text padded per batch that resumes bit for bit.
+variable-length text padded per batch. That the text pipeline stopped
+mid-epoch resumes bit for bit is a case of
+tests/training/test_resume_conformance.py.
 """
 
 import sys, pathlib  # pylint: disable=g-multiple-import
@@ -9,14 +11,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import json
 import math
-import re
-import signal
 import subprocess
 
 import numpy as np
 import pytest
 
-from ctl import errors
 import helpers
 
 EXAMPLES = ('regression', 'clip_ema', 'gan', 'text', 'mixed_precision')
@@ -282,50 +281,3 @@ def test_clip_ema_clips_the_sum_of_two_replicas_and_evaluates_the_ema(
   np.testing.assert_allclose(result['eval_loss'],
                              [0.9 * clipped_sum.sum()] * 2, rtol=1e-6)
 
-
-# Exact resume of the tf.data pipeline.
-
-_RESUME_STEPS_PER_EPOCH = 100
-_RESUME_ARGS = ('--config=configs/text.py:smoke',
-                # 100 steps an epoch: room for a stop well inside the first.
-                f'--config.data.num_train={32 * _RESUME_STEPS_PER_EPOCH}',
-                '--config.deterministic=True',
-                '--config.intervals.log_steps=1')
-
-
-def _start_text(workdir: pathlib.Path) -> helpers.Watched:
-  return helpers.Watched(helpers.ctl_command(*_RESUME_ARGS,
-                                             f'--workdir={workdir}'))
-
-
-@pytest.mark.slow
-def test_text_stopped_mid_epoch_resumes_bit_identical(tmp_path):
-  reference = _start_text(tmp_path / 'reference')
-  assert reference.wait() == 0, reference.output[-3000:]
-  [uninterrupted] = helpers.fingerprint(reference.output)
-  total_steps = 2 * _RESUME_STEPS_PER_EPOCH
-
-  # A step takes about a millisecond: under load the signal can land after
-  # the first epoch, or after the last step. Only then, it runs again (in
-  # a new workdir), at most 3 times.
-  for attempt in range(3):
-    workdir = tmp_path / f'stopped-{attempt}'
-    stopped_run = _start_text(workdir)
-    stopped_run.wait_for(rf'step 10/{total_steps} ')
-    stopped_run.process.send_signal(signal.SIGTERM)
-    code = stopped_run.wait()
-    stop = re.search(r'Stopped by SIGTERM after step (\d+)', stopped_run.output)
-    if code != 0 and (stop is None or
-                      int(stop[1]) < _RESUME_STEPS_PER_EPOCH):
-      break
-  assert code == errors.EXIT_PREEMPTED, stopped_run.output[-3000:]
-  stopped = int(stop[1])
-  # Inside the first epoch: the pipeline's iterator, shuffle buffer and
-  # all, is what the checkpoint must bring back.
-  assert 10 <= stopped < _RESUME_STEPS_PER_EPOCH
-  assert helpers.latest_checkpoint_step(workdir) == stopped
-
-  resumed = _start_text(workdir)
-  assert resumed.wait() == 0, resumed.output[-3000:]
-  assert f'Training from step {stopped} to {total_steps}' in resumed.output
-  assert helpers.fingerprint(resumed.output) == [uninterrupted]

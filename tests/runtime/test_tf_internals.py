@@ -15,6 +15,10 @@ from ctl.checkpoints import data_positions
 from ctl.runtime import tf_internals
 import helpers
 
+# Each script runs in a fresh process: the fix changes a Keras class for the
+# process, an untaken write error shows only at exit, and running this
+# process's exit handlers would end TensorFlow. The checks that can share a
+# process do (a TensorFlow start is most of each one's time).
 _TWO_ASYNC_SAVES = '''
 import keras, tensorflow as tf
 {fix}
@@ -27,32 +31,9 @@ checkpoint.sync()
 print('saved twice')
 '''
 
-
-def _two_async_saves(directory, fix: bool) -> subprocess.CompletedProcess:
-  code = _TWO_ASYNC_SAVES.format(
-      directory=directory,
-      fix=('from ctl.runtime import tf_internals\n'
-           'tf_internals.fix_keras_async_checkpoint_copy()' if fix else ''))
-  return subprocess.run([sys.executable, '-c', code], capture_output=True,
-                        env=helpers.env_with(), text=True, timeout=300)
-
-
-@pytest.mark.slow
-def test_async_checkpoints_of_keras_variables_need_the_fix(tmp_path):
-  # In fresh processes: the fix changes a Keras class for the process.
-  broken = _two_async_saves(tmp_path / 'without', fix=False)
-  assert 'saved twice' not in broken.stdout, (
-      'Keras now saves asynchronously by itself: drop '
-      'fix_keras_async_checkpoint_copy.')
-  assert 'singleton tf.Variables' in broken.stderr
-  fixed = _two_async_saves(tmp_path / 'with', fix=True)
-  assert 'saved twice' in fixed.stdout, fixed.stderr[-2000:]
-
-
 _FAILED_ASYNC_WRITE = '''
 import tensorflow as tf
 from ctl.runtime import tf_internals
-import helpers
 checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
 options = tf.train.CheckpointOptions(enable_async=True)
 checkpoint.write('{directory}/ckpt', options=options)  # Its folder exists.
@@ -65,26 +46,69 @@ if {take}:
   print('taken:', type(error).__name__)
 '''
 
+# Last in its process: the handlers run once, now, not again at exit.
+_EXIT_HANDLERS = '''
+import atexit
+from ctl.runtime import tf_internals
+atexit.register(print, 'handler ran')
+tf_internals.run_exit_handlers()
+print('after')
+'''
 
-def _failed_async_write(directory, take: bool) -> subprocess.CompletedProcess:
-  directory.mkdir()
-  (directory / 'file').write_text('not a folder')
-  code = _FAILED_ASYNC_WRITE.format(directory=directory, take=take)
+
+def _run(code: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, '-c', code], capture_output=True,
                         env=helpers.env_with(), text=True, timeout=300)
 
 
+def _failed_async_write(directory, take: bool) -> str:
+  """The script of a failed background write, its error taken or not."""
+  directory.mkdir()
+  (directory / 'file').write_text('not a folder')
+  return _FAILED_ASYNC_WRITE.format(directory=directory, take=take)
+
+
+@pytest.fixture(scope='module')
+def fixed(tmp_path_factory):
+  """One process: two async saves with the fix, a failed background
+  write whose error is taken, then the exit handlers run by hand."""
+  directory = tmp_path_factory.mktemp('fixed')
+  return _run(_TWO_ASYNC_SAVES.format(
+      directory=directory / 'saves',
+      fix=('from ctl.runtime import tf_internals\n'
+           'tf_internals.fix_keras_async_checkpoint_copy()')) +
+              _failed_async_write(directory / 'taken', take=True) +
+              _EXIT_HANDLERS)
+
+
 @pytest.mark.slow
-def test_a_failed_async_write_is_raised_at_exit_unless_taken(tmp_path):
+def test_async_checkpoints_of_keras_variables_need_the_fix(tmp_path, fixed):
+  broken = _run(_TWO_ASYNC_SAVES.format(directory=tmp_path, fix=''))
+  assert 'saved twice' not in broken.stdout, (
+      'Keras now saves asynchronously by itself: drop '
+      'fix_keras_async_checkpoint_copy.')
+  assert 'singleton tf.Variables' in broken.stderr
+  assert 'saved twice' in fixed.stdout, fixed.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_failed_async_write_is_raised_at_exit_unless_taken(tmp_path, fixed):
   # TensorFlow raises a background write's error at the next write or in
   # its exit handler, not at sync(); Checkpointer.wait() takes it.
-  untaken = _failed_async_write(tmp_path / 'untaken', take=False)
+  untaken = _run(_failed_async_write(tmp_path / 'untaken', take=False))
   assert 'sync did not raise' in untaken.stdout, untaken.stderr[-2000:]
   assert 'Exception ignored in atexit callback' in untaken.stderr
   assert 'FailedPreconditionError' in untaken.stderr
-  taken = _failed_async_write(tmp_path / 'taken', take=True)
-  assert 'taken: FailedPreconditionError' in taken.stdout, taken.stderr[-2000:]
-  assert 'Exception ignored' not in taken.stderr, taken.stderr[-2000:]
+  assert 'taken: FailedPreconditionError' in fixed.stdout, fixed.stderr[-2000:]
+  assert 'Exception ignored' not in fixed.stderr, fixed.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_run_exit_handlers_runs_registered_handlers(fixed):
+  # Run once, now, not again at exit.
+  assert fixed.stdout.splitlines()[-2:] == ['handler ran', 'after'], (
+      fixed.stderr[-2000:])
+  assert fixed.stdout.count('handler ran') == 1
 
 
 def test_keras_optimizers_sum_gradients_over_replicas_in_a_method_we_skip():
@@ -140,19 +164,6 @@ def test_the_coordination_service_client_has_what_leave_together_uses():
   for method in ('wait_at_barrier', 'set_config_key_value',
                  'get_config_key_value'):
     assert callable(getattr(client, method))
-
-
-def test_run_exit_handlers_runs_registered_handlers():
-  # In a fresh process: running this one's handlers would end TensorFlow.
-  code = ('import atexit\n'
-          'from ctl.runtime import tf_internals\n'
-          "atexit.register(print, 'handler ran')\n"
-          'tf_internals.run_exit_handlers()\n'
-          "print('after')\n")
-  run = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                       env=helpers.env_with(), text=True, timeout=300)
-  # Run once, now, not again at exit.
-  assert run.stdout.splitlines() == ['handler ran', 'after'], run.stderr
 
 
 def test_a_dataset_graph_serializes_unless_a_stateful_op_is_anywhere():

@@ -20,6 +20,15 @@ ARGS = (f'--config={helpers.DIGITS}', '--config.model.name=mlp',
         '--config.intervals.eval_steps=0')
 
 
+def _train_here(workdir, **fields) -> None:
+  """ARGS' run on one replica in this process (no signal or process is
+  under test there: a TensorFlow start saved)."""
+  run.train_and_evaluate(helpers.digits(20, **{  # configs/digits.py's 20.
+      'model.name': 'mlp', 'model.dropout': 0.0, 'model.l2': 0.001,
+      'total_steps': STEPS, 'deterministic': True,
+      'intervals.eval_steps': 0, **fields}), str(workdir))
+
+
 def _iterations(workdir) -> int:
   tensors = helpers.checkpoint_tensors(workdir / 'checkpoints' / f'ckpt-{STEPS}')
   [iterations] = [value for name, value in tensors.items()
@@ -30,12 +39,9 @@ def _iterations(workdir) -> int:
 @pytest.mark.slow
 def test_micro_batches_equal_the_whole_batch_on_replicas_and_workers(
     tmp_path):
-  whole = helpers.run_ctl(*ARGS, f'--workdir={tmp_path / "whole"}')
-  assert whole.returncode == 0, whole.stderr[-3000:]
+  _train_here(tmp_path / 'whole')
+  _train_here(tmp_path / 'one', accumulate_steps=4)
   accumulated = ('--config.accumulate_steps=4',)
-
-  one = helpers.run_ctl(*ARGS, *accumulated, f'--workdir={tmp_path / "one"}')
-  assert one.returncode == 0, one.stderr[-3000:]
   replicas = helpers.Watched([
       sys.executable, str(helpers.REPO / 'tests' / 'split_cpu.py'), '2',
       *ARGS, *accumulated, '--config.distribution.strategy=mirrored',
@@ -90,6 +96,7 @@ def test_a_step_that_does_not_accumulate_is_an_error_not_a_silent_whole_batch(
   assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_keras_own_accumulation_on_two_replicas_is_refused_with_the_way_out(
     tmp_path):
   run = helpers.Watched([

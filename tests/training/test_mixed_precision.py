@@ -1,8 +1,9 @@
 """Mixed precision in a task's own step (experiments/mixed_precision.py:
 float16, a LossScaleOptimizer, ctx.accumulate and ctx.apply_gradients): on
 1 replica, 2 replicas and 2 workers it reaches the float32 run's accuracy
-and a run stopped by SIGTERM at a seeded step resumes bit for bit, loss
-scale included. Also pins the Keras behaviour that makes
+and a run stopped at a seeded step resumes bit for bit, loss scale
+included (by SIGTERM on 2 replicas and 2 workers; on 1 replica, in this
+process, by a run of fewer steps). Also pins the Keras behaviour that makes
 ctx.apply_gradients necessary (BUILD.md, "Mixed precision")."""
 
 import json
@@ -15,6 +16,7 @@ import sys
 import pytest
 
 from ctl import errors
+from ctl.training import run
 import helpers
 
 SEED = int(os.environ.get('CTL_MIXED_PRECISION_SEED', random.randrange(10**6)))
@@ -22,7 +24,7 @@ CONFIG = '--config=configs/mixed_precision.py:smoke'  # 96 steps, 32 an epoch.
 ARGS = (CONFIG, '--config.deterministic=True', '--config.intervals.log_steps=1',
         '--config.intervals.checkpoint_steps=8')
 TOTAL_STEPS = 96
-TOPOLOGIES = ('one_replica', 'two_replicas', 'two_workers')
+TOPOLOGIES = ('two_replicas', 'two_workers')  # In processes of their own.
 
 # One replica's gradient overflows, the other's does not: Keras checks
 # replica 0's, applies the sum.
@@ -105,20 +107,50 @@ def _finish(jobs) -> list[str]:
   return [helpers.fingerprint(job.output)[0] for job in jobs]
 
 
+def _train_here(workdir, **fields) -> dict:
+  """Trains ARGS' run on one replica in this process; its results."""
+  config = helpers.override(helpers.load_config('mixed_precision', 'smoke'),
+                            deterministic=True, **{
+                                'intervals.checkpoint_steps': 8}, **fields)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.syspath_prepend(str(helpers.REPO))  # experiments/ importable.
+    return run.train_and_evaluate(config, str(workdir))
+
+
 @pytest.fixture(scope='module')
 def float32_accuracy(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp('float32')
-  _finish(_start('one_replica', workdir, '--config.model.dtype_policy=float32'))
-  return helpers.read_results(workdir)['eval']['accuracy']
+  return _train_here(tmp_path_factory.mktemp('float32'), **{
+      'model.dtype_policy': 'float32'})['eval']['accuracy']
+
+
+def _stop_after(topology: str) -> int:
+  """The step after which the run is stopped, drawn from the seed."""
+  print(f'seed {SEED} (CTL_MIXED_PRECISION_SEED={SEED} reproduces it)')
+  return random.Random(f'{SEED}-{topology}').randint(TOTAL_STEPS // 4,
+                                                     TOTAL_STEPS * 3 // 4)
+
+
+@pytest.mark.slow
+def test_mixed_precision_on_one_replica_matches_float32_and_resumes_exactly(
+    float32_accuracy, tmp_path):
+  stop_after = _stop_after('one_replica')
+  reference = _train_here(tmp_path / 'reference')
+  accuracy = reference['eval']['accuracy']
+  assert abs(accuracy - float32_accuracy) <= 0.01, (accuracy, float32_accuracy)
+  _train_here(tmp_path / 'stopped', total_steps=stop_after)
+  assert helpers.latest_checkpoint_step(tmp_path / 'stopped') == stop_after
+  resumed = _train_here(tmp_path / 'stopped')
+  assert resumed['weights_sha256'] == reference['weights_sha256']
+  # The loss scale and its growth counter resumed too.
+  assert _loss_scale(tmp_path / 'stopped') == _loss_scale(
+      tmp_path / 'reference')
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('topology', TOPOLOGIES)
 def test_mixed_precision_matches_float32_and_resumes_exactly(
     topology, float32_accuracy, tmp_path):
-  print(f'seed {SEED} (CTL_MIXED_PRECISION_SEED={SEED} reproduces it)')
-  stop_after = random.Random(f'{SEED}-{topology}').randint(
-      TOTAL_STEPS // 4, TOTAL_STEPS * 3 // 4)
+  stop_after = _stop_after(topology)
   reference = _finish(_start(topology, tmp_path / 'reference'))
   accuracy = helpers.read_results(tmp_path / 'reference')['eval']['accuracy']
   assert abs(accuracy - float32_accuracy) <= 0.01, (accuracy, float32_accuracy)

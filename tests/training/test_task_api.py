@@ -17,6 +17,7 @@ def _noisy(task='NoisyRegression', **fields):
   return helpers.override(config, deterministic=True, **fields)
 
 
+@pytest.mark.slow
 def test_a_tf_data_task_resumes_mid_epoch_bit_identical(tmp_path):
   uninterrupted = run.train_and_evaluate(_noisy(), str(tmp_path / 'whole'))
   assert uninterrupted['step'] == 48

@@ -63,22 +63,41 @@ def _digits(num_epochs, **fields):
                         **fields)
 
 
+@pytest.fixture(scope='module')
+def plain(tmp_path_factory):
+  """plain(model): the workdir and results of its run without XLA, run
+  once a module for the choices it is compared with."""
+  runs = {}
+
+  def plain_run(model: str):
+    if model not in runs:
+      workdir = tmp_path_factory.mktemp(f'plain_{model}')
+      runs[model] = workdir, run.train_and_evaluate(
+          _digits(2, jit_compile='off', **{'model.name': model}),
+          str(workdir))
+    return runs[model]
+
+  return plain_run
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('model, jit_compile', [
     ('mlp', 'loop'), ('mlp', 'step'), ('cnn', 'step'), ('cnn', 'loop')])
-def test_every_choice_trains_what_plain_tensorflow_trains(tmp_path, model,
-                                                          jit_compile):
-  fields = {'model.name': model}
-  plain = run.train_and_evaluate(_digits(2, jit_compile='off', **fields),
-                                   str(tmp_path / 'plain'))
+def test_every_choice_trains_what_plain_tensorflow_trains(tmp_path, plain,
+                                                          model, jit_compile):
+  plain_workdir, plain_results = plain(model)
   compiled = run.train_and_evaluate(
-      _digits(2, jit_compile=jit_compile, **fields), str(tmp_path / 'xla'))
-  assert compiled['weights_sha256'] != plain['weights_sha256']  # XLA ran.
+      _digits(2, jit_compile=jit_compile, **{'model.name': model}),
+      str(tmp_path / 'xla'))
+  # XLA ran.
+  assert compiled['weights_sha256'] != plain_results['weights_sha256']
   # The same arithmetic, rounded differently (padded rows of a loop, say,
   # would move the weights far more).
   helpers.assert_same_model(tmp_path / 'xla/checkpoints/ckpt-40',
-                            tmp_path / 'plain/checkpoints/ckpt-40', atol=1e-4)
+                            plain_workdir / 'checkpoints/ckpt-40', atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('model, jit_compile', [
     ('mlp', 'loop'), ('mlp', 'step'), ('cnn', 'step'), ('cnn', 'loop')])
 def test_every_choice_resumes_bit_identical_random_layers_included(
