@@ -227,6 +227,7 @@ def test_dashboard_check_runs_the_optuna_dashboard_on_path_or_says_why_not(
       '--study, if it had one.']
 
 
+@pytest.mark.slow  # Two sweep processes (the second from the Slurm script).
 def test_a_storage_that_does_not_answer_stops_the_sweep_before_any_trial(
     tmp_path):
   sweep_file = _write_sweep(tmp_path / 'search.py', 'hyper.Search(space={'
@@ -255,6 +256,7 @@ def test_a_storage_that_does_not_answer_stops_the_sweep_before_any_trial(
   assert errors_printed[0] in run.output
 
 
+@pytest.mark.slow  # Four processes that import ctl and Optuna.
 def test_processes_opening_a_new_database_at_once_all_open_it(
     postgres_server, tmp_path):
   # Each creates Optuna's tables in the empty database: they race there.
