@@ -145,6 +145,10 @@ def test_a_search_refuses_what_its_study_could_not_sample_or_seed(tmp_path):
   assert not list(tmp_path.iterdir())
 
 
+# A bad Search.seed (it was "storage does not answer", exit 1, with
+# study.journal written) is refused as reversed bounds are, when
+# hyper.Search is made: test_a_search_refuses_what_its_study_could_not_
+# sample_or_seed checks its message.
 HOSTILE_SEARCHES = {
     # Was a traceback, and the rerun made a trial COMPLETE without values.
     'reversed_bounds': (
@@ -156,9 +160,6 @@ HOSTILE_SEARCHES = {
         ", pruner_options={'n_startup_trial': 3}",
         "Search.pruner_options={'n_startup_trial': 3} do not fit "
         "pruner='median': TypeError:"),
-    'negative_seed': (
-        "{'optimizer.learning_rate': hyper.log_uniform(1e-4, 1e-2)}",
-        ', seed=-1', 'Search.seed=-1: use an int from 0 to 4294967295'),
 }
 
 
@@ -226,6 +227,7 @@ def test_dashboard_check_runs_the_optuna_dashboard_on_path_or_says_why_not(
       '--study, if it had one.']
 
 
+@pytest.mark.slow  # Two sweep processes (the second from the Slurm script).
 def test_a_storage_that_does_not_answer_stops_the_sweep_before_any_trial(
     tmp_path):
   sweep_file = _write_sweep(tmp_path / 'search.py', 'hyper.Search(space={'
@@ -254,6 +256,7 @@ def test_a_storage_that_does_not_answer_stops_the_sweep_before_any_trial(
   assert errors_printed[0] in run.output
 
 
+@pytest.mark.slow  # Four processes that import ctl and Optuna.
 def test_processes_opening_a_new_database_at_once_all_open_it(
     postgres_server, tmp_path):
   # Each creates Optuna's tables in the empty database: they race there.
@@ -302,10 +305,13 @@ def test_a_sweep_file_of_another_space_than_its_study_is_refused(tmp_path):
 
 # Real searches.
 
+# Seed 182 samples learning rates 0.011 and 0.0073 for trials 0 and 1 (run
+# at once, never pruned: two trials must complete first), 1.7e-5 and 2.8e-5
+# for trials 2 and 3: four trials, at least one of them pruned.
 SEARCH = ("hyper.Search(space={'optimizer.learning_rate': "
           "hyper.log_uniform(1e-5, 3e-2), 'seed': hyper.integer(0, 3)}, "
-          f"fixed={SHORT!r}, num_trials=8, sampler='tpe', pruner='median', "
-          "pruner_options={'n_startup_trials': 2})")
+          f"fixed={SHORT!r}, num_trials=4, seed=182, sampler='tpe', "
+          "pruner='median', pruner_options={'n_startup_trials': 2})")
 
 
 # Each storage once: processes sharing the embedded journal here, a trial
@@ -313,7 +319,7 @@ SEARCH = ("hyper.Search(space={'optimizer.learning_rate': "
 # _at_once_all_open_it has several processes on one new database).
 @pytest.fixture(scope='module', params=['journal'])
 def shared_search(request, tmp_path_factory):
-  """Two sweep processes started at once on one study of 8 trials."""
+  """Two sweep processes started at once on one study of 4 trials."""
   tmp_path = tmp_path_factory.mktemp(f'search_{request.param}')
   storage = _storage(request.param, request)
   sweep_file = _write_sweep(tmp_path / 'search.py', SEARCH)
@@ -332,16 +338,16 @@ def test_two_sweep_processes_run_one_study_and_prune(shared_search):
              for output in outputs]
   assert all(started), 'each sweep process ran trials'
   names = sorted(started[0] + started[1])
-  assert names == [f'trial-{number:04d}' for number in range(8)], started
+  assert names == [f'trial-{number:04d}' for number in range(4)], started
 
   study = _study(workdir, storage)
   trials = [trial for trial in study.trials
             if not trial.user_attrs.get(study_lib.SURPLUS)]
-  assert [trial.number for trial in trials] == list(range(8))
+  assert [trial.number for trial in trials] == list(range(4))
   # Each trial sampled with a seed of its own: no two processes asking at
   # once drew the same values.
   assert len({trial.params['optimizer.learning_rate'] for trial in trials}) \
-      == 8
+      == 4
   states = [trial.state.name for trial in trials]
   assert set(states) <= {'COMPLETE', 'PRUNED'} and 'PRUNED' in states, states
   rows = _read_csv(workdir / 'results.csv')
@@ -381,13 +387,27 @@ def uninterrupted(tmp_path_factory):
   return helpers.read_results(workdir)
 
 
+def _not_again(step: int) -> str:
+  """What a resumed trial logs for an evaluation reported before it."""
+  return (f'Step {step} was reported to the study before this run resumed: '
+          'not again.')
+
+
+# One trial killed twice, where two tests each killed one: by SIGKILL to
+# the trial alone (as the kernel's OOM killer sends it) while its sweep
+# process lives, which runs it again, resumed; then by SIGKILL to its sweep
+# process, and another sweep process takes it over.
 @pytest.mark.slow
 @pytest.mark.parametrize('kind', ['postgresql'])
-def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
+def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
     kind, request, tmp_path, uninterrupted):
   seed = random.randrange(1000)
   print(f'kill seed: {seed}')
-  kill_step = 22 * random.Random(seed).randint(1, 3) + 11
+  rng = random.Random(seed)
+  # Each killed after reporting an evaluation it has no checkpoint of: the
+  # resumed trial evaluates that step again.
+  trial_kill_step = 22 * rng.randint(1, 2) + 11
+  sweep_kill_step = trial_kill_step + 22 * rng.randint(1, 2)
   storage = _storage(kind, request)
   # One trial, not pruned, of a fixed learning rate: its weights are known.
   sweep_file = _write_sweep(tmp_path / 'search.py', (
@@ -396,11 +416,22 @@ def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
   workdir = tmp_path / 'sweep'
   trial_dir = workdir / 'trial-0000'
   first = helpers.Watched(_command(sweep_file, workdir, storage))
-  # Killed after reporting an evaluation it has no checkpoint of: the
-  # resumed trial evaluates that step again.
-  helpers.wait_for_line(trial_dir / 'log.txt',
-                 rf'Reported eval accuracy \S+ at step {kill_step} ',
-                 first.process)
+  pid = int(first.wait_for(r'trial-0000: started \(pid (\d+)\)')[1])
+  helpers.wait_for_line(
+      trial_dir / 'log.txt',
+      rf'Reported eval accuracy \S+ at step {trial_kill_step} ', first.process)
+  os.kill(pid, signal.SIGKILL)
+  first.wait_for(re.escape(
+      'trial-0000: killed by SIGKILL, not by an error of its own; '
+      'restarting it from its checkpoint (restart 1 of '
+      f'{study_lib.MAX_RESTARTS})'))
+  # Reported by the restarted trial (or, where the killed one ran on that
+  # far, said not to be reported again).
+  helpers.wait_for_line(
+      trial_dir / 'log.txt',
+      rf'Restored [\s\S]*(Reported eval accuracy \S+ at step '
+      rf'{sweep_kill_step} |{re.escape(_not_again(sweep_kill_step))})',
+      first.process)
   first.process.send_signal(signal.SIGKILL)
   first.wait()
   deadline = time.monotonic() + 60
@@ -428,60 +459,28 @@ def test_a_killed_sweep_process_trial_is_taken_over_and_resumed(
   assert third.wait() == 0, third.output[-3000:]
   assert taken_over in third.output
   log = (trial_dir / 'log.txt').read_text()
-  # The checkpoint the first resume restored (saved every 22 steps): the
-  # evaluations after it that were reported before the kill are not
-  # reported again. Which one it is depends on where SIGKILL landed (a
-  # loaded machine lets the trial run on past a save, or cuts one short).
-  restored = int(re.search(r'Restored \S*ckpt-(\d+)', log)[1])
-  for step in range(restored + 11, kill_step + 1, 11):
-    assert (f'Step {step} was reported to the study before this run '
-            'resumed: not again.') in log, (step, log[-5000:])
+  # The checkpoints the restart and the last take-over restored (saved
+  # every 22 steps): the evaluations after each that were reported before
+  # its kill are not reported again. Which ones they are depends on where
+  # SIGKILL landed (a loaded machine lets the trial run on past a save, or
+  # cuts one short).
+  restored = [int(step) for step in re.findall(r'Restored \S*ckpt-(\d+)', log)]
+  for resumed, killed in ((restored[0], trial_kill_step),
+                          (restored[-1], sweep_kill_step)):
+    for step in range(resumed + 11, killed + 1, 11):
+      assert _not_again(step) in log, (step, log[-5000:])
   eval_steps = list(range(11, 133, 11))
   for step in eval_steps:
-    # Reported once; a line the killed trial had not yet written out is
+    # Reported once; a line a killed trial had not yet written out is
     # missing, and the resumed one says it was reported.
     reported = len(re.findall(rf'Reported eval accuracy \S+ at step {step} ',
                               log))
-    skipped = (f'Step {step} was reported to the study before this run '
-               'resumed: not again.') in log
+    skipped = _not_again(step) in log
     assert reported == 1 or (reported == 0 and skipped), (step, log[-5000:])
   [trial] = _study(workdir, storage).trials
   assert trial.state.name == 'COMPLETE'
-  assert sorted(trial.intermediate_values) == eval_steps
-  results = helpers.read_results(trial_dir)
-  assert results['weights_sha256'] == uninterrupted['weights_sha256']
-  assert trial.value == results['eval']['accuracy']
-
-
-@pytest.mark.slow
-def test_a_trial_killed_by_a_signal_is_restarted_from_its_checkpoint(
-    tmp_path, uninterrupted):
-  # SIGKILL to the trial alone, as the kernel's OOM killer sends it, while
-  # its sweep process lives: the sweep process runs it again, resumed.
-  seed = random.randrange(1000)
-  print(f'kill seed: {seed}')
-  kill_step = 22 * random.Random(seed).randint(1, 3) + 11
-  sweep_file = _write_sweep(tmp_path / 'search.py', (
-      "hyper.Search(space={'optimizer.learning_rate': hyper.choice([0.003])},"
-      f" fixed={LONG!r}, num_trials=1, sampler='grid', pruner=None)"))
-  workdir = tmp_path / 'sweep'
-  trial_dir = workdir / 'trial-0000'
-  run = helpers.Watched(_command(sweep_file, workdir))
-  pid = int(run.wait_for(r'trial-0000: started \(pid (\d+)\)')[1])
-  helpers.wait_for_line(trial_dir / 'log.txt',
-                 rf'Reported eval accuracy \S+ at step {kill_step} ',
-                 run.process)
-  os.kill(pid, signal.SIGKILL)
-  assert run.wait() == 0, run.output[-3000:]
-  assert ('trial-0000: killed by SIGKILL, not by an error of its own; '
-          'restarting it from its checkpoint (restart 1 of '
-          f'{study_lib.MAX_RESTARTS})') in run.output
-  log = (trial_dir / 'log.txt').read_text()
-  assert re.search(r'Restored \S*ckpt-(\d+)', log), log[-3000:]
-  [trial] = _study(workdir, '').trials
-  assert trial.state.name == 'COMPLETE'
   assert trial.user_attrs[study_lib.RESTARTS] == 1
-  assert sorted(trial.intermediate_values) == list(range(11, 133, 11))
+  assert sorted(trial.intermediate_values) == eval_steps
   results = helpers.read_results(trial_dir)
   assert results['weights_sha256'] == uninterrupted['weights_sha256']
   assert trial.value == results['eval']['accuracy']
@@ -511,28 +510,38 @@ def test_a_failed_trial_is_failed_with_its_log_and_the_study_goes_on(tmp_path):
       == ['COMPLETE', 'FAIL']
 
 
+# One two-worker trial, then one trial of a metric not there, where a test
+# ran two searches of two trials and another a two-worker trial.
 @pytest.mark.slow
-def test_a_search_over_a_task_of_ones_own(tmp_path):
+def test_a_search_over_a_task_of_ones_own_with_a_two_worker_trial(tmp_path):
   workdir = tmp_path / 'own'
   run = helpers.Watched(_command(_write_own_task_search(
-      tmp_path / 'own.py', 'eval.mae'), workdir), env=helpers.env_with())
+      tmp_path / 'own.py', 'eval.mae', num_trials=1, num_workers=2), workdir),
+                        env=helpers.env_with())
   assert run.wait() == 0, run.output[-3000:]
-  trials = _study(workdir, '').trials
-  assert [trial.state.name for trial in trials] == ['COMPLETE', 'COMPLETE']
-  for trial in trials:
-    assert sorted(trial.intermediate_values) == [8, 16]
-    results = helpers.read_results(workdir / f'trial-{trial.number:04d}')
-    assert trial.value == pytest.approx(results['eval']['mae'])
+  [trial] = _study(workdir, '').trials
+  assert trial.state.name == 'COMPLETE'
+  assert sorted(trial.intermediate_values) == [8, 16]
+  results = helpers.read_results(workdir / 'trial-0000')
+  assert trial.value == pytest.approx(results['eval']['mae'])
   assert [row['state'] for row in _read_csv(workdir / 'results.csv')] == [
-      'COMPLETE', 'COMPLETE']
+      'COMPLETE']
+  log = (workdir / 'trial-0000' / 'log.txt').read_text()
+  assert '-m ctl.launch --num_workers=2 --' in log
+  assert len(helpers.fingerprint(log)) == 2  # Both workers trained.
+  # Only the chief talked to the study: one report an evaluation.
+  assert len(re.findall(r'Reported eval mae \S+ at step \d+ ', log)) == 2, \
+      log[-3000:]
+  assert 'before this run resumed' not in log
   # A metric its eval results never hold: each trial fails at its first
   # evaluation, with one line saying what they hold instead.
   workdir = tmp_path / 'nope'
   run = helpers.Watched(_command(_write_own_task_search(
-      tmp_path / 'nope.py', 'eval.nope'), workdir), env=helpers.env_with())
+      tmp_path / 'nope.py', 'eval.nope', num_trials=1), workdir),
+                        env=helpers.env_with())
   assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
   trials = _study(workdir, '').trials
-  assert [trial.state.name for trial in trials] == ['FAIL', 'FAIL']
+  assert [trial.state.name for trial in trials] == ['FAIL']
   for trial in trials:
     assert not trial.intermediate_values
     log = workdir / f'trial-{trial.number:04d}' / 'log.txt'
@@ -543,22 +552,3 @@ def test_a_search_over_a_task_of_ones_own(tmp_path):
     assert run.output.count(f'trial-{trial.number:04d}: FAILED with {why}\n'
                             ) == 1, run.output[-3000:]
     assert 'Traceback' not in log.read_text()
-
-
-@pytest.mark.slow
-def test_a_two_worker_trial_reports_once_per_evaluation(tmp_path):
-  workdir = tmp_path / 'sweep'
-  run = helpers.Watched(_command(_write_own_task_search(
-      tmp_path / 'own.py', 'eval.mae', num_trials=1, num_workers=2), workdir),
-                        env=helpers.env_with())
-  assert run.wait() == 0, run.output[-3000:]
-  [trial] = _study(workdir, '').trials
-  assert trial.state.name == 'COMPLETE'
-  log = (workdir / 'trial-0000' / 'log.txt').read_text()
-  assert '-m ctl.launch --num_workers=2 --' in log
-  assert len(helpers.fingerprint(log)) == 2  # Both workers trained.
-  # Only the chief talked to the study: one report an evaluation.
-  assert sorted(trial.intermediate_values) == [8, 16]
-  assert len(re.findall(r'Reported eval mae \S+ at step \d+ ', log)) == 2, \
-      log[-3000:]
-  assert 'before this run resumed' not in log

@@ -114,70 +114,98 @@ def _trial_pid(run: helpers.Watched, start: int, timeout: float = 300) -> int:
 def test_a_cut_last_journal_record_is_moved_aside_not_appended_onto(
     tmp_path):
   workdir = tmp_path / 'sweep'
-  command = _command(_own_task_search(tmp_path / 's.py', 2), workdir)
+  command = _command(_own_task_search(tmp_path / 's.py', 1), workdir)
   first = helpers.Watched(command)
   assert first.wait() == 0, first.output[-3000:]
   journal = workdir / 'study.journal'
   whole = journal.read_bytes()
   os.truncate(journal, len(whole) - 40)  # Its writer killed as it wrote.
   kept = whole[:whole.rindex(b'\n', 0, len(whole) - 40) + 1]
-  outputs = []
-  for _ in range(2):  # Repaired, then every later run as well.
-    again = helpers.Watched(command)
-    assert again.wait() == 0, again.output[-3000:]
-    assert 'Traceback' not in again.output
-    outputs.append(again.output)
+  again = helpers.Watched(command)  # Repaired.
+  assert again.wait() == 0, again.output[-3000:]
+  assert 'Traceback' not in again.output
   [backup] = [path for path in workdir.iterdir()
               if path.name.startswith('study.journal.cut-')]
   assert backup.read_bytes() == whole[len(kept):-40]
   assert (f'The study journal {journal} ended in a cut record '
-          f'({len(whole) - 40 - len(kept)} bytes, no line end') in outputs[0]
-  assert f'moved it to {backup}.' in outputs[0]
-  assert 'cut record' not in outputs[1]
+          f'({len(whole) - 40 - len(kept)} bytes, no line end') in again.output
+  assert f'moved it to {backup}.' in again.output
   assert journal.read_bytes().startswith(kept)
-  assert [trial.state.name for trial in _trials(workdir)] == [
-      'COMPLETE', 'COMPLETE']
+  # Every later opening as well, as the sweep processes' (studies.
+  # open_storage): nothing more to move aside, nothing cut off.
+  repaired = journal.read_bytes()
+  assert [trial.state.name for trial in _trials(workdir)] == ['COMPLETE']
+  assert journal.read_bytes() == repaired
+  assert [path.name for path in workdir.iterdir()
+          if path.name.startswith('study.journal.cut-')] == [backup.name]
 
 
+def _wait_for_count(run: helpers.Watched, pattern: str, count: int,
+                    timeout: float = 120) -> None:
+  """Waits until `count` lines of run's output match pattern, while it runs."""
+  deadline = time.monotonic() + timeout
+  while len(re.findall(pattern, run.output)) < count:
+    assert run.process.poll() is None, run.output[-3000:]
+    assert time.monotonic() < deadline, run.output[-3000:]
+    time.sleep(0.05)
+
+
+# One server, one study, three sweep processes in turn, where three tests
+# each started a server and a study of their own: a restart that is waited
+# out, a SIGTERM while the storage is down, and an outage longer than
+# --storage_wait_seconds, each resumed by the next sweep process.
 @pytest.mark.slow
-def test_a_postgresql_restart_mid_sweep_is_waited_out(own_server, tmp_path):
-  storage = own_server.create_database(f'study_{uuid.uuid4().hex[:8]}')
-  workdir = tmp_path / 'sweep'
-  run = helpers.Watched(_command(_digits_search(tmp_path / 's.py'), workdir,
-                                 f'--storage={storage}'))
-  log = workdir / 'trial-0000' / 'log.txt'
-  helpers.wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ',
-                 run)
-  own_server.halt()
-  run.wait_for(r'\[sweep\] the study storage .* does not answer')
-  # The trial trains on, its reports not taken.
-  helpers.wait_for_line(log, r"The study did not take step \d+'s eval",
-                 run)
-  assert run.process.poll() is None, run.output[-3000:]
-  own_server.start_again()
-  assert run.wait() == 0, run.output[-3000:]
-  assert re.search(r'the study storage answers again after \d+ s; going on',
-                   run.output)
-  assert 'Traceback' not in run.output
-  trials = _trials(workdir, storage)
-  assert [trial.state.name for trial in trials] == ['COMPLETE', 'COMPLETE']
-  assert trials[0].value == helpers.read_results(
-      workdir / 'trial-0000')['eval']['accuracy']
-
-
-@pytest.mark.slow
-def test_a_postgresql_gone_too_long_stops_the_sweep_trials_resumable(
+def test_a_postgresql_outage_is_waited_out_or_stops_the_sweep_resumable(
     own_server, tmp_path):
   storage = own_server.create_database(f'study_{uuid.uuid4().hex[:8]}')
   workdir = tmp_path / 'sweep'
-  command = _command(_digits_search(tmp_path / 's.py'), workdir,
-                     f'--storage={storage}', '--storage_wait_seconds=3')
+  sweep_file = _digits_search(tmp_path / 's.py')
+  logs = [workdir / f'trial-{number:04d}' / 'log.txt' for number in (0, 1)]
+  # A restart mid-sweep is waited out (600 s by default).
+  run = helpers.Watched(_command(sweep_file, workdir, f'--storage={storage}'))
+  helpers.wait_for_line(logs[0], r'Reported eval accuracy \S+ at step 11 ',
+                        run)
+  own_server.halt()
+  run.wait_for(r'\[sweep\] the study storage .* does not answer')
+  # The trial trains on, its reports not taken.
+  helpers.wait_for_line(logs[0], r"The study did not take step \d+'s eval",
+                        run)
+  assert run.process.poll() is None, run.output[-3000:]
+  own_server.start_again()
+  run.wait_for(r'the study storage answers again after \d+ s; going on')
+  run.wait_for(r'trial-0000: COMPLETE', timeout=300)
+  assert _trials(workdir, storage)[0].value == helpers.read_results(
+      workdir / 'trial-0000')['eval']['accuracy']
+
+  # SIGTERM stops a sweep process waiting for its storage.
+  helpers.wait_for_line(logs[1], r'Reported eval accuracy \S+ at step 11 ',
+                        run)
+  own_server.halt()
+  _wait_for_count(run, r'\[sweep\] the study storage .* does not answer', 2)
+  run.process.send_signal(signal.SIGTERM)
+  assert run.wait(timeout=300) == errors.EXIT_PREEMPTED, run.output[-3000:]
+  assert 'Traceback' not in run.output
+  assert [line for line in run.output.splitlines()
+          if line.startswith('ctl.sweep: ')] == [
+              f'ctl.sweep: The study storage postgresql+psycopg://ctl@'
+              f'127.0.0.1:{own_server.port}/{storage.rsplit("/", 1)[1]} '
+              'does not answer: ' + run.output.split(' does not answer: ')[-1]
+              .splitlines()[0]]
+  record = json.loads((workdir / 'trial-0001' / 'trial.json').read_text())
+  assert record['exit_code'] == errors.EXIT_PREEMPTED  # With a checkpoint.
+
+  # Gone longer than --storage_wait_seconds: the sweep process stops its
+  # trials with a checkpoint and exits 1.
+  own_server.start_again()
+  command = _command(sweep_file, workdir, f'--storage={storage}',
+                     '--storage_wait_seconds=3')
   run = helpers.Watched(command)
-  log = workdir / 'trial-0000' / 'log.txt'
-  helpers.wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ',
-                 run)
+  helpers.wait_for_line(logs[1], r'Restored \S*ckpt-\d+[\s\S]*Reported eval '
+                        r'accuracy \S+ at step \d+ ', run)
   own_server.halt()
   assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
+  assert ('trial-0001: taken over (nobody held it); resuming it from its '
+          'checkpoint') in run.output
   assert 'Traceback' not in run.output
   error_lines = [line for line in run.output.splitlines()
                  if re.match(r'ctl\S*: error:', line)]
@@ -189,39 +217,16 @@ def test_a_postgresql_gone_too_long_stops_the_sweep_trials_resumable(
   assert 'StorageInternalError' not in run.output  # The database's error.
   assert ('[sweep] the study storage did not answer in time: stopping the '
           'running trials with a checkpoint.') in run.output
-  record = json.loads((workdir / 'trial-0000' / 'trial.json').read_text())
+  record = json.loads((workdir / 'trial-0001' / 'trial.json').read_text())
   assert record['exit_code'] == errors.EXIT_PREEMPTED  # With a checkpoint.
 
   own_server.start_again()
   assert [trial.state.name for trial in _trials(workdir, storage)] == [
-      'RUNNING']
+      'COMPLETE', 'RUNNING']
   again = helpers.Watched(command)
   assert again.wait() == 0, again.output[-3000:]
-  assert ('trial-0000: taken over (nobody held it); resuming it from its '
+  assert ('trial-0001: taken over (nobody held it); resuming it from its '
           'checkpoint') in again.output
-  assert re.search(r'Restored \S*ckpt-\d+', log.read_text())
+  assert len(re.findall(r'Restored \S*ckpt-\d+', logs[1].read_text())) == 2
   assert [trial.state.name for trial in _trials(workdir, storage)] == [
       'COMPLETE', 'COMPLETE']
-
-
-@pytest.mark.slow
-def test_sigterm_stops_a_sweep_waiting_for_its_storage(own_server, tmp_path):
-  storage = own_server.create_database(f'study_{uuid.uuid4().hex[:8]}')
-  workdir = tmp_path / 'sweep'
-  run = helpers.Watched(_command(_digits_search(tmp_path / 's.py'), workdir,
-                                 f'--storage={storage}'))  # Waits 600 s.
-  log = workdir / 'trial-0000' / 'log.txt'
-  helpers.wait_for_line(log, r'Reported eval accuracy \S+ at step 11 ', run)
-  own_server.halt()
-  run.wait_for(r'\[sweep\] the study storage .* does not answer')
-  run.process.send_signal(signal.SIGTERM)
-  assert run.wait(timeout=300) == errors.EXIT_PREEMPTED, run.output[-3000:]
-  assert 'Traceback' not in run.output
-  assert [line for line in run.output.splitlines()
-          if line.startswith('ctl.sweep: ')] == [
-              f'ctl.sweep: The study storage postgresql+psycopg://ctl@'
-              f'127.0.0.1:{own_server.port}/{storage.rsplit("/", 1)[1]} '
-              'does not answer: ' + run.output.split(' does not answer: ')[-1]
-              .splitlines()[0]]
-  record = json.loads((workdir / 'trial-0000' / 'trial.json').read_text())
-  assert record['exit_code'] == errors.EXIT_PREEMPTED  # With a checkpoint.

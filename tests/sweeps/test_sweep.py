@@ -155,13 +155,15 @@ def _write_own_task_sweep(directory, metric) -> str:
       'from ctl import hyper\n\n'
       'def get_sweep():\n'
       f'  return hyper.Sweep(config={str(config)!r},\n'
-      "                     trials=hyper.sweep('seed', [0, 1]),\n"
-      f'                     metric={metric!r}, mode="min")\n')
+      "                     trials=hyper.sweep('seed', [0]),\n"
+      f'                     metric={metric!r}, mode="min", num_workers=2)\n')
   return str(path)
 
 
+# One two-worker trial, where a test ran two trials of one worker and
+# another a two-worker trial of digits.
 @pytest.mark.slow
-def test_a_sweep_of_a_task_of_ones_own_runs_to_results_csv(tmp_path):
+def test_a_sweep_of_a_task_of_ones_own_with_two_worker_trials(tmp_path):
   # A config from ctl.base_config() names no metrics: the sweep's metric
   # is looked up in each trial's results (it died of KeyError: 'metrics').
   workdir = tmp_path / 'sweep'
@@ -169,16 +171,20 @@ def test_a_sweep_of_a_task_of_ones_own_runs_to_results_csv(tmp_path):
       _sweep_command(_write_own_task_sweep(tmp_path, 'eval.mae'), workdir))
   assert run.wait() == 0, run.output
   rows = _read_csv(workdir / 'results.csv')
-  assert [row['status'] for row in rows] == ['finished', 'finished']
+  assert [row['status'] for row in rows] == ['finished']
   assert all(float(row['eval.mae']) >= 0 for row in rows)
   assert 'best: seed=' in run.output
+  # A trial can be a multi-worker job.
+  log = (workdir / rows[0]['trial'] / 'log.txt').read_text()
+  assert '-m ctl.launch --num_workers=2 --' in log
+  assert len(helpers.fingerprint(log)) == 2
   # A metric its results never hold fails each trial with one line naming
   # what they hold (the trials are not run again).
   run = helpers.Watched(
       _sweep_command(_write_own_task_sweep(tmp_path, 'eval.nope'), workdir))
   assert run.wait() == errors.EXIT_FAILURE
   assert run.output.count('finished without eval.nope in its results (it '
-                          'has: step, epoch, eval.mae, eval.mse)') == 2, \
+                          'has: step, epoch, eval.mae, eval.mse)') == 1, \
       run.output
 
 
@@ -284,34 +290,49 @@ def test_every_shipped_sweep_loads_and_its_trials_check_out(sweep_file,
 # Real sweeps.
 
 
+# Two trials and a failing one, where one test ran four trials and
+# another a failing one beside a fifth.
 @pytest.mark.slow
-def test_a_four_trial_sweep_end_to_end(tmp_path):
-  trials = hyper.product(hyper.fixed(SHORT),
-                         hyper.sweep('optimizer.learning_rate', [0.003, 0.01]),
-                         hyper.sweep('batch_size', [32, 64]))
+def test_a_sweep_end_to_end_reports_a_failed_trial_and_the_others_go_on(
+    tmp_path):
+  trials = [*hyper.product(hyper.fixed(SHORT), hyper.zip(
+      hyper.sweep('optimizer.learning_rate', [0.003, 0.01]),
+      hyper.sweep('batch_size', [32, 64]))),
+            dict(SHORT, loss='user_modules:nan_loss')]
   workdir = tmp_path / 'sweep'
   run = helpers.Watched(_sweep_command(_write_sweep(tmp_path, trials), workdir,
-                                       parallel=2))
-  assert run.wait() == 0, run.output[-3000:]
+                                       parallel=2),
+                        env=helpers.env_with())
+  assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
 
   rows = _read_csv(workdir / 'results.csv')
-  assert len(rows) == 4
+  assert [row['status'] for row in rows] == [
+      'finished', 'finished', 'exit code 1']
+  *rows, failed_row = rows
   assert [(float(row['optimizer.learning_rate']), int(row['batch_size']))
-          for row in rows] == [(0.003, 32), (0.003, 64), (0.01, 32), (0.01, 64)]
+          for row in rows] == [(0.003, 32), (0.01, 64)]
   for row in rows:
-    assert row['status'] == 'finished'
     assert int(row['step']) == 1438 // int(row['batch_size'])
     assert 0.5 < float(row['eval.accuracy']) <= 1
     assert float(row['wall_seconds']) > 0
     assert (pathlib.Path(row['workdir']) / 'results.json').exists()
-  assert len([path for path in workdir.iterdir() if path.is_dir()]) == 4
+  assert len([path for path in workdir.iterdir() if path.is_dir()]) == 3
   best = max(rows, key=lambda row: float(row['eval.accuracy']))
   assert f'best: {best["trial"]}' in run.output
   assert (workdir / 'eval.accuracy.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
+  # The failed trial's line says why: the trial's own `ctl: error:` line.
+  failed = trials_lib.trial_names(trials)[2]
+  assert failed_row['trial'] == failed
+  log = workdir / failed / 'log.txt'
+  assert re.search(rf'{failed}: FAILED with exit code 1: The training loss .*'
+                   rf'diverged.*; log: {log}$',
+                   run.output, re.MULTILINE), run.output[-3000:]
+  assert 'diverged' in log.read_text()
+
   experiment, sessions = _read_hparams(workdir, [row['workdir'] for row in rows])
   assert [info.name for info in experiment.hparam_infos] == [
-      'num_epochs', 'optimizer.learning_rate', 'batch_size']
+      'num_epochs', 'optimizer.learning_rate', 'batch_size', 'loss']
   assert {(info.name.group, info.name.tag) for info in experiment.metric_infos} \
       >= {('eval', 'accuracy'), ('eval', 'loss')}
   for row, session in zip(rows, sessions):
@@ -338,8 +359,10 @@ def _read_hparams(sweep_dir, trial_dirs):
   return experiment, sessions
 
 
+# One sweep killed, its rerun stopped by SIGTERM, and the same command
+# again, where two tests each ran a sweep and its rerun.
 @pytest.mark.slow
-def test_a_killed_sweep_skips_finished_trials_and_resumes_the_rest(tmp_path):
+def test_a_killed_or_sigtermed_sweep_is_resumed_by_the_same_command(tmp_path):
   # 20 epochs: killed at its first checkpoint (step 44), the second trial
   # has 836 steps to go (about a second); with 2 epochs it once finished
   # within the 50 ms the test takes to see that checkpoint.
@@ -347,9 +370,10 @@ def test_a_killed_sweep_skips_finished_trials_and_resumes_the_rest(tmp_path):
                          hyper.sweep('optimizer.learning_rate',
                                      [0.001, 0.002, 0.003]))
   sweep_file, workdir = _write_sweep(tmp_path, trials), tmp_path / 'sweep'
-  first, second = (workdir / name for name in trials_lib.trial_names(trials)[:2])
+  first, second, third = (workdir / name
+                          for name in trials_lib.trial_names(trials))
   runner = helpers.Watched(_sweep_command(sweep_file, workdir))
-  runner.wait_for(f'{first.name}: finished')
+  runner.wait_for(f'{first.name}: finished', timeout=300)
   helpers.wait_for_checkpoint(second, runner.process)
   runner.process.send_signal(signal.SIGKILL)
   runner.wait()
@@ -357,75 +381,40 @@ def test_a_killed_sweep_skips_finished_trials_and_resumes_the_rest(tmp_path):
   time.sleep(1)
   assert not helpers.processes_mentioning(str(second))
   finished_files = _trained_files(first)
+  killed_at = helpers.latest_checkpoint_step(second)
+
+  # The rerun skips the finished trial and resumes the killed one; SIGTERM
+  # once it saved again stops it, and starts no other trial.
+  runner = helpers.Watched(_sweep_command(sweep_file, workdir))
+  _wait_for_checkpoint_after(second, killed_at, runner.process)
+  runner.process.send_signal(signal.SIGTERM)
+  assert runner.wait() == errors.EXIT_PREEMPTED, runner.output[-3000:]
+  assert f'{first.name}: finished before, skipped' in runner.output
+  assert (f'{second.name}: stopped (exit code {errors.EXIT_PREEMPTED}); the '
+          'same command resumes it') in runner.output, runner.output[-3000:]
+  assert 'FAILED' not in runner.output
+  assert not third.exists()  # Not started after the signal.
+  assert not helpers.processes_mentioning(str(second))
 
   rerun = helpers.Watched(_sweep_command(sweep_file, workdir))
   assert rerun.wait() == 0, rerun.output[-3000:]
-  assert f'{first.name}: finished before, skipped' in rerun.output
   assert _trained_files(first) == finished_files
-  assert 'Restored' in (second / 'log.txt').read_text()
+  assert (second / 'log.txt').read_text().count('Restored') == 2
   rows = _read_csv(workdir / 'results.csv')
   assert [row['status'] for row in rows] == ['finished'] * 3
 
 
+def _wait_for_checkpoint_after(workdir: pathlib.Path, step: int, process,
+                               timeout: float = 300) -> None:
+  """Waits until workdir has a checkpoint after step, while process runs."""
+  deadline = time.monotonic() + timeout
+  while helpers.latest_checkpoint_step(workdir) <= step:
+    assert process.poll() is None, f'exited before a checkpoint after {step}'
+    assert time.monotonic() < deadline, f'no checkpoint within {timeout} s'
+    time.sleep(0.05)
 
-@pytest.mark.slow
-def test_a_sigtermed_sweep_stops_its_trials_and_the_same_command_goes_on(
-    tmp_path):
-  trials = hyper.product(hyper.fixed({'num_epochs': 20}),
-                         hyper.sweep('optimizer.learning_rate',
-                                     [0.001, 0.002]))
-  sweep_file, workdir = _write_sweep(tmp_path, trials), tmp_path / 'sweep'
-  first, second = (workdir / name for name in trials_lib.trial_names(trials))
-  runner = helpers.Watched(_sweep_command(sweep_file, workdir))
-  helpers.wait_for_checkpoint(first, runner.process)
-  runner.process.send_signal(signal.SIGTERM)
-  assert runner.wait() == errors.EXIT_PREEMPTED, runner.output[-3000:]
-  assert (f'{first.name}: stopped (exit code {errors.EXIT_PREEMPTED}); the '
-          'same command resumes it') in runner.output, runner.output[-3000:]
-  assert 'FAILED' not in runner.output
-  assert not second.exists()  # Not started after the signal.
-  assert not helpers.processes_mentioning(str(first))
-
-  rerun = helpers.Watched(_sweep_command(sweep_file, workdir))
-  assert rerun.wait() == 0, rerun.output[-3000:]
-  assert 'Restored' in (first / 'log.txt').read_text()
-  rows = _read_csv(workdir / 'results.csv')
-  assert [row['status'] for row in rows] == ['finished'] * 2
 
 def _trained_files(trial_dir):
   """What training wrote: all but the HParams session a report may add."""
   return {name: stamp for name, stamp in helpers.file_stamps(trial_dir).items()
           if not name.endswith('.hparams')}
-
-
-@pytest.mark.slow
-def test_a_failed_trial_is_reported_and_the_others_go_on(tmp_path):
-  trials = [dict(SHORT, loss='user_modules:nan_loss'), dict(SHORT)]
-  workdir = tmp_path / 'sweep'
-  run = helpers.Watched(_sweep_command(_write_sweep(tmp_path, trials), workdir,
-                                       parallel=2),
-                        env=helpers.env_with())
-  assert run.wait() == errors.EXIT_FAILURE
-  failed, finished = trials_lib.trial_names(trials)
-  log = workdir / failed / 'log.txt'
-  # The line says why: the trial's own `ctl: error:` line.
-  assert re.search(rf'{failed}: FAILED with exit code 1: The training loss .*'
-                   rf'diverged.*; log: {log}$',
-                   run.output, re.MULTILINE), run.output[-3000:]
-  assert 'diverged' in log.read_text()
-  assert [row['status'] for row in _read_csv(workdir / 'results.csv')] == [
-      'exit code 1', 'finished']
-  assert f'best: {finished}' in run.output
-
-
-@pytest.mark.slow
-def test_a_trial_can_be_a_multi_worker_job(tmp_path):
-  workdir = tmp_path / 'sweep'
-  run = helpers.Watched(_sweep_command(
-      _write_sweep(tmp_path, [SHORT], num_workers=2), workdir))
-  assert run.wait() == 0, run.output[-3000:]
-  [name] = trials_lib.trial_names([SHORT])
-  log = (workdir / name / 'log.txt').read_text()
-  assert '-m ctl.launch --num_workers=2 --' in log
-  assert len(helpers.fingerprint(log)) == 2
-  assert _read_csv(workdir / 'results.csv')[0]['status'] == 'finished'
