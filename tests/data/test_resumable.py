@@ -106,3 +106,15 @@ def test_a_shuffled_csv_dataset_is_refused_with_what_to_do_instead(tmp_path):
   assert _refusal(make_csv(str(csv), batch_size=4, shuffle=False,
                            num_epochs=1).unbatch().shuffle(16, seed=1)
                   .batch(4), tmp_path / 'positions') is None
+
+
+def test_later_passes_are_those_of_repeat_one_pass_on():
+  # The order CHANGELOG.md states under 0.2.0 (other weights than 0.1.0's
+  # for a task's own reshuffled pipeline): the first pass as `repeat()`
+  # reads it, then each pass k as repeat()'s pass k+1. A change to it
+  # changes users' weights again, and needs its own CHANGELOG entry.
+  make = lambda: R(8).shuffle(8, seed=1)
+  plain = [int(x) for x in make().repeat().take(5 * 8)]
+  ctl_reads = [int(x) for x in resumable.resumable(make()).take(4 * 8)]
+  assert ctl_reads[:8] == plain[:8]
+  assert ctl_reads[8:] == plain[16:]
