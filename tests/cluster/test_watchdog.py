@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import helpers
 
 # 1 s: long enough that another test's processes on the same cores (the
@@ -48,6 +50,7 @@ with watchdog:
 """
 
 
+@pytest.mark.slow
 def test_only_a_stall_aborts_and_a_stall_outside_tensorflow_exits():
   run = subprocess.run([sys.executable, '-c', PROGRAM], cwd=helpers.REPO,
                        env=helpers.env_with(), stdout=subprocess.PIPE,

@@ -198,6 +198,7 @@ print('dropped {rounds}')
 '''
 
 
+@pytest.mark.slow
 def test_dropping_iterators_mid_read_does_not_crash(tmp_path):
   """The same loop with a symbolic checkpoint (argument 3: 1) segfaulted
   in 5 of 5 runs on TF 2.21, in the parallel interleave."""
@@ -273,6 +274,7 @@ def test_a_spec_the_records_do_not_match_names_the_feature(tmp_path, spec,
     tfrecord.TFRecordSource(pattern, spec)
 
 
+@pytest.mark.slow
 def test_the_write_command_writes_shards_and_their_spec(tmp_path):
   output = tmp_path / 'digits'
   command = [sys.executable, '-m', 'ctl.data.write_tfrecords',
@@ -511,6 +513,7 @@ def _global_batches(batches: tfrecord.GlobalBatches, *, num_pipelines: int,
   return steps
 
 
+@pytest.mark.slow
 def test_global_batches_are_the_same_on_any_number_of_pipelines(tmp_path):
   # 12 files of 19 records in 6 partitions of 2 files: 19 global batches
   # of 12 a pass, each 2 records of each partition.
@@ -563,6 +566,7 @@ def _bytes_read() -> int:
 
 
 @pytest.mark.parametrize('num_pipelines', [1, 2, 4, 8])
+@pytest.mark.slow
 def test_each_pipeline_reads_only_the_records_it_trains_on(tmp_path,
                                                            num_pipelines):
   """Bytes read from the files by each pipeline of a job of 40 passes,

@@ -265,6 +265,7 @@ def test_a_run_killed_between_reports_decides_and_reports_as_if_not(
     # A report due at the rollback's step has no step to report.
     (2, 22, [('20', '19.5', '2.0'), ('24', '23.5', '2.0')]),
 ])
+@pytest.mark.slow
 def test_a_rollback_starts_the_reports_anew(tmp_path, caplog, log_steps,
                                             rolled_back, logged):
   # Loops of 2 steps; LogsItsSteps' logged loss is NaN at step 21.

@@ -67,6 +67,7 @@ def _one_overflowing_replica(how: str) -> dict:
   return json.loads(run.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_keras_checks_one_replicas_gradients_and_ctx_checks_their_sum():
   keras_way = _one_overflowing_replica('keras')
   # Keras 3's LossScaleOptimizer under MirroredStrategy decides on replica

@@ -171,6 +171,7 @@ def test_weights_fingerprint_sees_every_weight():
 
 
 @pytest.mark.parametrize('damage', ['truncated data', 'garbage state file'])
+@pytest.mark.slow
 def test_a_corrupted_checkpoint_is_refused_and_kept(tmp_path, damage):
   run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
   checkpoints = tmp_path / 'checkpoints'
@@ -275,6 +276,7 @@ def test_a_profiler_trace_of_the_chosen_steps_ends_loops_only_at_its_edges(
   assert saved == [1, 5, 8, 11, 22, 33, 44]
 
 
+@pytest.mark.slow
 def test_a_profile_cut_by_the_end_is_written_and_not_stopped_again(tmp_path):
   # Steps 41..50: the first run ends at 44, the second resumes there.
   profile = {'profile.start_step': 40, 'profile.num_steps': 10}
