@@ -39,22 +39,14 @@ import time
 from absl import app
 from absl import flags
 
-from ctl.runtime import tf_process
-
-# TensorFlow, which ctl.storage imports, prints its start-up lines (CUDA,
-# CPU instructions) whatever TF_CPP_MIN_LOG_LEVEL says: imported first,
-# without them.
-tf_process.import_tensorflow()
-
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from ctl import config as config_lib
 from ctl import errors
 from ctl import storage
 from ctl.runtime import studies
 from ctl.runtime import subprocesses
+from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
 from ctl.sweep import trials as trials_lib
-# pylint: enable=g-import-not-at-top,wrong-import-position
 
 _SWEEP = flags.DEFINE_string('sweep', None,
                              'Sweep file defining get_sweep(), e.g. '
@@ -86,15 +78,25 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   try:
-    _check_text(*(f'--{flag.name}={flag.value}'
-                  for flag in (_SWEEP, _WORKDIR, _STORAGE, _STUDY)))
-    sweep, config_file = trials_lib.load_sweep(_SWEEP.value)
-    _check_text(f'Sweep.config {config_file}')
-    if sweep.search is not None:
-      _run_search(sweep, config_file)
-    trials = trials_lib.plan(sweep, config_file, _WORKDIR.value)
+    # The inputs are checked before TensorFlow loads (10 s or more), quietly
+    # all the same: a task's config file may import it.
+    with tf_process.quiet_start_up():
+      _check_text(*(f'--{flag.name}={flag.value}'
+                    for flag in (_SWEEP, _WORKDIR, _STORAGE, _STUDY)))
+      sweep, config_file = trials_lib.load_sweep(_SWEEP.value)
+      _check_text(f'Sweep.config {config_file}')
+      if sweep.search is None:
+        trials = trials_lib.plan(sweep, config_file, _WORKDIR.value)
+      else:
+        _search_lib().check(sweep, config_file)
   except errors.ConfigError as error:
     _fail(error)
+  # TensorFlow, which ctl.storage imports for gs:// and the report for its
+  # summaries, prints its start-up lines (CUDA, CPU instructions) whatever
+  # TF_CPP_MIN_LOG_LEVEL says: imported now, without them.
+  tf_process.import_tensorflow()
+  if sweep.search is not None:
+    _run_search(sweep, config_file)
   workdir_lib.prepare(_WORKDIR.value)
   trial_config = config_lib.load(config_file, trials[0].overrides)
   parent_flags = _mlflow_parent_flags(trial_config)
@@ -119,13 +121,18 @@ def main(argv: list[str]) -> None:
   sys.exit(0 if report.all_finished else errors.EXIT_FAILURE)
 
 
+def _search_lib():
+  """ctl.sweep.search, imported when a sweep has a search: Optuna is for
+  searches only (the extra ctl[sweep])."""
+  from ctl.sweep import search  # pylint: disable=g-import-not-at-top
+  return search
+
+
 def _run_search(sweep, config_file) -> None:
   """Runs a search's trials in its study with the others sweep processes
   of that study; exits."""
-  # Imported here: Optuna is for searches only (the extra ctl[sweep]).
-  from ctl.sweep import search as search_lib  # pylint: disable=g-import-not-at-top
+  search_lib = _search_lib()
   from ctl.sweep import study as study_lib  # pylint: disable=g-import-not-at-top
-  search_lib.check(sweep, config_file)
   url = study_lib.storage_url(_STORAGE.value, _WORKDIR.value)
   name = _STUDY.value or os.path.basename(os.path.normpath(_WORKDIR.value))
   try:

@@ -98,11 +98,12 @@ def test_a_trial_killed_again_and_again_fails_after_its_restarts(tmp_path):
   assert trials[0].user_attrs[study_lib.FAILURE].startswith(why)
 
 
-def _trial_pid(run: helpers.Watched, start: int, timeout: float = 300) -> int:
-  """The pid of trial-0000's process of start number `start` (0: first)."""
+def _trial_pid(run: helpers.Watched, start: int, timeout: float = 300,
+               name: str = 'trial-0000') -> int:
+  """The pid of trial `name`'s process of start number `start` (0: first)."""
   deadline = time.monotonic() + timeout
   while True:
-    pids = re.findall(r'trial-0000: started \(pid (\d+)\)', run.output)
+    pids = re.findall(name + r': started \(pid (\d+)\)', run.output)
     if len(pids) > start:
       return int(pids[start])
     assert run.process.poll() is None, run.output[-3000:]
@@ -180,9 +181,15 @@ def test_a_postgresql_outage_is_waited_out_or_stops_the_sweep_resumable(
   # SIGTERM stops a sweep process waiting for its storage.
   helpers.wait_for_line(logs[1], r'Reported eval accuracy \S+ at step 11 ',
                         run)
-  own_server.halt()
-  _wait_for_count(run, r'\[sweep\] the study storage .* does not answer', 2)
-  run.process.send_signal(signal.SIGTERM)
+  # Held meanwhile, so that most of its steps are left for the next part.
+  trial_pid = _trial_pid(run, 0, name='trial-0001')
+  os.kill(trial_pid, signal.SIGSTOP)
+  try:
+    own_server.halt()
+    _wait_for_count(run, r'\[sweep\] the study storage .* does not answer', 2)
+    run.process.send_signal(signal.SIGTERM)
+  finally:
+    os.kill(trial_pid, signal.SIGCONT)
   assert run.wait(timeout=300) == errors.EXIT_PREEMPTED, run.output[-3000:]
   assert 'Traceback' not in run.output
   assert [line for line in run.output.splitlines()
@@ -202,7 +209,15 @@ def test_a_postgresql_outage_is_waited_out_or_stops_the_sweep_resumable(
   run = helpers.Watched(command)
   helpers.wait_for_line(logs[1], r'Restored \S*ckpt-\d+[\s\S]*Reported eval '
                         r'accuracy \S+ at step \d+ ', run)
-  own_server.halt()
+  # The trial is held until the sweep process gives up: what is left of its
+  # 660 steps after the outage above may train in less than the 3 s waited.
+  trial_pid = _trial_pid(run, 0, name='trial-0001')
+  os.kill(trial_pid, signal.SIGSTOP)
+  try:
+    own_server.halt()
+    run.wait_for(r'\[sweep\] the study storage did not answer in time')
+  finally:
+    os.kill(trial_pid, signal.SIGCONT)
   assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
   assert ('trial-0001: taken over (nobody held it); resuming it from its '
           'checkpoint') in run.output

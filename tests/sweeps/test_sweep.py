@@ -300,10 +300,15 @@ def test_a_sweep_end_to_end_reports_a_failed_trial_and_the_others_go_on(
       hyper.sweep('batch_size', [32, 64]))),
             dict(SHORT, loss='user_modules:nan_loss')]
   workdir = tmp_path / 'sweep'
+  # TF_CPP_MIN_LOG_LEVEL=3 does not hide TensorFlow's start-up lines: ctl
+  # does, here in the sweep process, which imports TensorFlow after its checks.
   run = helpers.Watched(_sweep_command(_write_sweep(tmp_path, trials), workdir,
                                        parallel=2),
-                        env=helpers.env_with())
+                        env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
   assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
+  for noise in ('oneDNN', 'cuInit', 'cpu_feature_guard', 'cudart_stub',
+                'InitializeLog'):
+    assert noise not in run.output, run.output[-3000:]
 
   rows = _read_csv(workdir / 'results.csv')
   assert [row['status'] for row in rows] == [

@@ -47,19 +47,33 @@ def _server_processes(directory: pathlib.Path) -> list[int]:
   return found
 
 
+def _start_server(directory: pathlib.Path) -> tuple[helpers.Watched, str]:
+  """An MLflow server listening on a free port; retried on another port when
+  the one picked was taken before the server bound it (it then exits)."""
+  for _ in range(3):
+    port = portpicker.pick_unused_port()
+    job = helpers.Watched([
+        sys.executable, '-m', 'mlflow', 'server', '--host', '127.0.0.1',
+        '--port', str(port), '--workers', '1',
+        '--backend-store-uri', f'sqlite:///{directory / "mlflow.db"}',
+        '--artifacts-destination', str(directory / 'artifacts')])
+    try:
+      # uvicorn says "Application startup complete" before it binds the
+      # port, "Uvicorn running on" after; gunicorn's "Listening at" after.
+      job.wait_for('Uvicorn running on|Listening at', timeout=180)
+      return job, f'http://127.0.0.1:{port}'
+    except AssertionError:
+      if job.process.poll() is None:
+        raise  # Not a lost port: the server hangs.
+  raise AssertionError(f'MLflow did not start:\n{job.output[-3000:]}')
+
+
 @pytest.fixture(scope='module')
 def server(server_directory):
   """An MLflow tracking server on localhost; its URI."""
   directory = server_directory
-  port = portpicker.pick_unused_port()
-  job = helpers.Watched([
-      sys.executable, '-m', 'mlflow', 'server', '--host', '127.0.0.1',
-      '--port', str(port), '--workers', '1',
-      '--backend-store-uri', f'sqlite:///{directory / "mlflow.db"}',
-      '--artifacts-destination', str(directory / 'artifacts')])
+  job, uri = _start_server(directory)
   try:
-    job.wait_for('Application startup complete|Listening at', timeout=180)
-    uri = f'http://127.0.0.1:{port}'
     with urllib.request.urlopen(f'{uri}/health', timeout=30) as reply:
       assert reply.status == 200
     yield uri
