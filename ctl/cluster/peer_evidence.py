@@ -14,7 +14,8 @@ def stalled_peers(peers: dict[int, dict | None], me: int,
   """The peers that stopped making progress, each with the evidence about
   it; [] when no peer's own file singles one out.
 
-  Only evidence about that peer names it: no file at all, a run that
+  Only evidence about that peer names it: no file at all (or one not
+  rewritten since before this worker started: an earlier run's), a run that
   ended other than by losing its peers (exit code 43 is a bystander's), a
   process that this machine sees stopped or gone (a peer on the same
   host), a file that stopped changing for two heartbeats (its writer
@@ -24,7 +25,8 @@ def stalled_peers(peers: dict[int, dict | None], me: int,
   file of a moment ago is no evidence: a healthy worker's file lags its
   loop by up to a heartbeat.
   """
-  my_phase = (peers.get(me) or {}).get('phase')
+  mine = peers.get(me) or {}
+  my_phase = mine.get('phase')
   named = []
   for index, status in sorted(peers.items()):
     if index == me:
@@ -32,6 +34,14 @@ def stalled_peers(peers: dict[int, dict | None], me: int,
     if status is None:
       named.append(f'worker {index}: wrote no status (it never started '
                    'training)')
+      continue
+    if (status['time'] < mine.get('started', status['time']) and
+        now - status['time'] > 2 * status['heartbeat_seconds']):
+      # Not rewritten since before this worker started: an earlier run's
+      # file (its process, long gone, says nothing of this run's peer), or
+      # this run's peer died or stopped before this worker started.
+      named.append(f'worker {index}: wrote no status since this worker '
+                   'started (it never started training in this run)')
       continue
     why = _evidence(status, my_phase, now)
     if why:

@@ -373,6 +373,24 @@ def test_a_peer_is_named_only_on_evidence_in_its_own_file():
   assert named(_status(1)) == []
 
 
+def test_a_file_an_earlier_runs_worker_left_is_not_this_runs_peer():
+  # A job resumed after its worker 1 was killed: worker 1's file is the old
+  # run's (its pid gone), this run's worker 1 has not written yet.
+  old = subprocess.Popen([sys.executable, '-c', 'pass'])
+  old.wait()
+  now = time.time()
+  left = {**_status(1, now=now - 300), 'host': socket.gethostname(),
+          'pid': old.pid, 'started': now - 400}
+  me = {**_status(0, now=now), 'started': now - 20}
+  assert peer_evidence.stalled_peers({0: me, 1: left}, 0, now) == [
+      'worker 1: wrote no status since this worker started (it never started '
+      'training in this run)']
+  # Written since this worker started: the same file is evidence.
+  assert peer_evidence.stalled_peers(
+      {0: me, 1: {**left, 'time': now - 10}}, 0, now)[0].endswith(
+          ': its process is gone')
+
+
 def test_a_peer_on_this_machine_is_named_when_its_process_is_stopped_or_gone():
   peer = subprocess.Popen([sys.executable, '-c', 'import time; '
                            'time.sleep(600)'])
