@@ -252,13 +252,17 @@ def test_a_worker_at_half_speed_is_named_though_no_report_is_slow_in_a_row(
     assert 'Straggler' not in chief.output
     reports_before = len(re.findall(r' step \d+/', chief.output))
     slowed.set()
+    slowed_at = time.monotonic()
     duty = threading.Thread(target=stop_half_the_time, daemon=True)
     duty.start()
     named = chief.wait_for(r'Straggler: worker (\d+) \(\S+, pid (\d+)\) is '
                            r'compute-bound')
     assert named.groups() == ('1', str(victim.pid))
     reports = len(re.findall(r' step \d+/', chief.output)) - reports_before
-    print(f'named after {reports} reports: ' + next(
+    # Printed, not asserted (a loaded machine is slower): issue 47's aim is
+    # within 10 s of the slowdown, whatever intervals.log_steps is.
+    print(f'named {time.monotonic() - slowed_at:.1f} s after the slowdown '
+          f'began, after {reports} reports: ' + next(
         line for line in chief.output.splitlines() if 'Straggler:' in line))
     slowed.clear()
     duty.join()
