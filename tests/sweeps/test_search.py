@@ -517,8 +517,12 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
   taken_over = ('trial-0000: taken over (nobody held it); resuming it from '
                 'its checkpoint')
   # Another sweep process takes it over, and is stopped by SIGTERM as soon
-  # as it starts the trial: it leaves the trial to any other at once.
-  second = helpers.Watched(_command(sweep_file, workdir, storage))
+  # as it starts the trial: it leaves the trial to any other at once. It
+  # sees the workdir by another path (a shared filesystem mounted elsewhere).
+  elsewhere = tmp_path / 'elsewhere' / workdir.name
+  elsewhere.parent.mkdir()
+  elsewhere.symlink_to(workdir)
+  second = helpers.Watched(_command(sweep_file, elsewhere, storage))
   second.wait_for(r'trial-0000: started')
   second.process.send_signal(signal.SIGTERM)
   assert second.wait() == errors.EXIT_PREEMPTED, second.output[-3000:]
@@ -528,6 +532,8 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
   [trial] = _study(workdir, storage).trials
   assert trial.state.name == 'RUNNING'
   assert trial.user_attrs[study_lib.LEASE]['owner'] is None
+  # The workdir optuna-dashboard shows: the path of the process that ran it.
+  assert trial.user_attrs[study_lib.WORKDIR] == str(elsewhere / 'trial-0000')
 
   third = helpers.Watched(_command(sweep_file, workdir, storage))
   assert third.wait() == 0, third.output[-3000:]
@@ -553,6 +559,7 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
     assert reported == 1 or (reported == 0 and skipped), (step, log[-5000:])
   [trial] = _study(workdir, storage).trials
   assert trial.state.name == 'COMPLETE'
+  assert trial.user_attrs[study_lib.WORKDIR] == str(trial_dir)
   assert trial.user_attrs[study_lib.RESTARTS] == 1
   assert sorted(trial.intermediate_values) == eval_steps
   results = helpers.read_results(trial_dir)
