@@ -162,11 +162,12 @@ def open_study(sweep: hyper.Sweep, url: str, name: str) -> optuna.Study:
   existing = study.user_attrs.get(studies.SEARCH)
   if existing is None:
     study.set_user_attr(studies.SEARCH, wanted)
-  elif {**_ADDED_FIELDS, **existing} != wanted:
+    existing = wanted
+  existing = {**_ADDED_FIELDS, **existing}
+  if existing != wanted:
     raise errors.ConfigError(
         f'The study {name!r} in {studies.shown(url)} searches another space '
-        'than this sweep file:\n  ' + '\n  '.join(
-            differences({**_ADDED_FIELDS, **existing}, wanted)) +
+        'than this sweep file:\n  ' + '\n  '.join(differences(existing, wanted)) +
         '\nUse another --workdir (or --study), or the sweep file the study '
         'was started with.')
   _name_metric(study, sweep.metric)
