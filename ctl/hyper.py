@@ -95,6 +95,11 @@ class Search:
     sampler: 'tpe' (Optuna's TPESampler), 'random', or 'grid' (every
       combination of `choice` values, in a seeded order; num_trials at most
       their number).
+    sampler_options: keyword arguments of the sampler's Optuna class, e.g.
+      {'n_startup_trials': 4, 'multivariate': True, 'constant_liar': True}
+      for 'tpe' (constant_liar: trials still running count as bad ones, so
+      parallel trials spread out; Optuna 5 turns it and multivariate on by
+      default, Optuna 4 off); the seed is Search.seed.
     pruner: None, 'median' (MedianPruner), 'asha' (SuccessiveHalvingPruner)
       or 'hyperband' (HyperbandPruner): it decides after each evaluation
       whether a trial stops early (PRUNED).
@@ -111,11 +116,13 @@ class Search:
   pruner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   seed: int = 0
   fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  sampler_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     _check_keys('Search.space', self.space)
     _check_keys('Search.fixed', self.fixed)
     _check_keys('Search.pruner_options', self.pruner_options)
+    _check_sampler_options(self.sampler_options)
     if not self.space:
       raise ValueError('Search.space needs at least one key.')
     for key, distribution in self.space.items():
@@ -292,6 +299,18 @@ def _check_bounds(distribution: Distribution, kind: type) -> None:
         f'hyper.{distribution!r}: low is above high; write '
         f'hyper.{type(distribution).__name__}({distribution.high!r}, '
         f'{distribution.low!r}).')
+
+
+def _check_sampler_options(options: Any) -> None:
+  """Refuses sampler options a study cannot record, or that set the seed."""
+  _check_keys('Search.sampler_options', options)
+  for key, value in options.items():
+    if key == 'seed':
+      raise ValueError("Search.sampler_options sets 'seed': set Search.seed.")
+    if not (value is None or isinstance(value, (bool, int, float, str))):
+      raise ValueError(
+          f'Search.sampler_options[{key!r}] is {value!r}: a study records '
+          'None, bool, int, float and str values.')
 
 
 def _check_trials(trials: Any) -> None:

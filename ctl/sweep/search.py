@@ -68,7 +68,7 @@ def check(sweep: hyper.Sweep, config_file: str) -> None:
 def _optuna_problems(search: hyper.Search) -> list[str]:
   """Why Optuna would refuse the search's pruner or sampler: found by
   making them as the study will (each trial's sampler seeded with seed +
-  its number), before the study or any file is written."""
+  its number) and sampling in memory, before any file is written."""
   problems = []
   try:
     studies.make_pruner(search.pruner, dict(search.pruner_options))
@@ -76,12 +76,13 @@ def _optuna_problems(search: hyper.Search) -> list[str]:
     problems.append(f'Search.pruner_options={dict(search.pruner_options)!r} '
                     f'do not fit pruner={search.pruner!r}: '
                     f'{type(error).__name__}: {error}')
-  for seed in sorted({search.seed, search.seed + search.num_trials - 1}):
-    try:
-      study_lib.make_sampler(search, seed)
-    except Exception as error:  # pylint: disable=broad-except
-      problems.append(f'Search.sampler={search.sampler!r} with seed {seed}: '
-                      f'{type(error).__name__}: {error}')
+  try:
+    study_lib.try_sampler(search)  # Some options fail only in sampling.
+    study_lib.make_sampler(search, search.seed + search.num_trials - 1)
+  except Exception as error:  # pylint: disable=broad-except
+    problems.append(f'Search.sampler_options={dict(search.sampler_options)!r}'
+                    f' do not fit sampler={search.sampler!r} (seed '
+                    f'{search.seed}): {type(error).__name__}: {error}')
   return problems
 
 
@@ -214,6 +215,7 @@ class Runner:
       if (frozen.state.name == 'RUNNING' and frozen.number not in mine and
           self._leases.is_free(frozen)):
         if self._leases.claim(frozen):
+          self._show_workdir(frozen)
           trials_lib.say(f'{study_lib.trial_name(frozen.number)}: taken over (nobody '
                'held it); resuming it from its checkpoint')
           self._start(frozen.number, self._overrides(frozen))
@@ -232,17 +234,18 @@ class Runner:
       optuna_trial.set_user_attr(study_lib.SURPLUS, True)
       self._study.tell(optuna_trial, state=study_lib.FAIL_STATE)
       return
-    if self._search.sampler != 'grid':
-      # Seeded by the trial's number: a study run by one process samples
-      # the same values every time, and two processes asking at once
-      # differ. (A grid's point was picked in ask(), by an index into the
-      # grid as Search.seed shuffled it, the same in every process.)
-      self._study.sampler = study_lib.make_sampler(self._search,
-                                                   self._search.seed + number)
+    self._show_workdir(frozen)
     overrides = {**self._search.fixed,
-                 **{key: distribution.suggest(optuna_trial, key)
-                    for key, distribution in self._search.space.items()}}
+                 **study_lib.sample(self._study, self._search, optuna_trial)}
     self._start(number, overrides)
+
+  def _show_workdir(self, frozen) -> None:
+    """Names the trial's workdir, as this process runs it, in the study
+    (optuna-dashboard shows it with the trial)."""
+    workdir = os.path.join(self._workdir, study_lib.trial_name(frozen.number))
+    self._study._storage.set_trial_user_attr(  # pylint: disable=protected-access
+        frozen._trial_id, study_lib.WORKDIR,  # pylint: disable=protected-access
+        workdir if '://' in workdir else os.path.abspath(workdir))
 
   def _start(self, number: int, overrides: dict[str, Any]) -> None:
     trial = self._trial(number, overrides)

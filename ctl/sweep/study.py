@@ -24,6 +24,7 @@ import os
 import socket
 import time
 import uuid
+import warnings
 from typing import Any
 
 from ctl import errors
@@ -38,6 +39,7 @@ LEASE = 'ctl.lease'  # The trial's user attribute holding its lease.
 FAILURE = 'ctl.failure'  # Why a trial failed, with its log.
 SURPLUS = 'ctl.surplus'  # Asked beyond num_trials by a race: not a trial.
 RESTARTS = 'ctl.restarts'  # Times a trial killed by a signal was restarted.
+WORKDIR = 'ctl.workdir'  # The trial's workdir, for optuna-dashboard's reader.
 # A trial killed by a signal (the kernel's OOM killer, a user's kill -9)
 # is restarted from its checkpoint this many times in all, by whichever
 # sweep process runs it; killed once more, it is FAIL.
@@ -72,22 +74,55 @@ class _GridSampler(optuna.samplers.GridSampler):
 
 
 def make_sampler(search: hyper.Search, seed: int) -> optuna.samplers.BaseSampler:
-  """The Optuna sampler a Search names, seeded."""
+  """The Optuna sampler a Search names, seeded, with its sampler_options."""
+  options = dict(search.sampler_options)
   if search.sampler == 'grid':
     return _GridSampler(
         {key: list(distribution.values)
-         for key, distribution in search.space.items()}, seed=seed)
+         for key, distribution in search.space.items()}, seed=seed, **options)
   if search.sampler == 'random':
-    return optuna.samplers.RandomSampler(seed=seed)
-  return optuna.samplers.TPESampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed, **options)
+  return optuna.samplers.TPESampler(seed=seed, **options)
+
+
+def sample(study: optuna.Study, search: hyper.Search,
+           trial: optuna.Trial) -> dict[str, Any]:
+  """A new trial's values of the search's space, as its sampler draws them."""
+  if search.sampler != 'grid':
+    # Seeded by the trial's number: a study run by one process samples the
+    # same values every time, and two processes asking at once differ. (A
+    # grid's point was picked in ask(), by an index into the grid as
+    # Search.seed shuffled it, the same in every process.)
+    study.sampler = make_sampler(search, search.seed + trial.number)
+  return {key: distribution.suggest(trial, key)
+          for key, distribution in search.space.items()}
+
+
+def try_sampler(search: hyper.Search) -> None:
+  """Samples the search's first trials in a study in memory, as its study
+  will: Optuna refuses some sampler options only when it samples
+  (n_startup_trials='3')."""
+  study = optuna.create_study(sampler=make_sampler(search, search.seed))
+  for _ in range(min(2, search.num_trials)):
+    trial = study.ask()
+    sample(study, search, trial)
+    study.tell(trial, 0.0)
 
 
 def describe(sweep: hyper.Sweep) -> dict[str, Any]:
   """What must agree between every sweep process of one study."""
   search = sweep.search
   return {**search.description(), 'metric': sweep.metric, 'mode': sweep.mode,
-          'sampler': search.sampler, 'pruner': search.pruner,
+          'sampler': search.sampler,
+          'sampler_options': dict(sorted(search.sampler_options.items())),
+          'pruner': search.pruner,
           'pruner_options': dict(sorted(search.pruner_options.items()))}
+
+
+# Fields a study's description gained after a release wrote it: a study of
+# that release has them at these values, and sweep files as they were then
+# keep joining it.
+_ADDED_FIELDS = {'sampler_options': {}}  # After 0.2.0.
 
 
 def differences(study_has: dict[str, Any], file_has: dict[str, Any]) -> list[str]:
@@ -127,13 +162,26 @@ def open_study(sweep: hyper.Sweep, url: str, name: str) -> optuna.Study:
   existing = study.user_attrs.get(studies.SEARCH)
   if existing is None:
     study.set_user_attr(studies.SEARCH, wanted)
-  elif existing != wanted:
+    existing = wanted
+  existing = {**_ADDED_FIELDS, **existing}
+  if existing != wanted:
     raise errors.ConfigError(
         f'The study {name!r} in {studies.shown(url)} searches another space '
         'than this sweep file:\n  ' + '\n  '.join(differences(existing, wanted)) +
         '\nUse another --workdir (or --study), or the sweep file the study '
         'was started with.')
+  _name_metric(study, sweep.metric)
   return study
+
+
+def _name_metric(study: optuna.Study, metric: str) -> None:
+  """Names the study's objective after the sweep's metric, so that
+  optuna-dashboard shows 'eval.accuracy', not 'Objective 0' (a study of
+  0.2.0, which has no name, gets it)."""
+  with warnings.catch_warnings():  # Optuna calls this API experimental.
+    warnings.simplefilter('ignore', optuna.exceptions.ExperimentalWarning)
+    if study.metric_names != [metric]:
+      study.set_metric_names([metric])
 
 
 def trial_name(number: int) -> str:

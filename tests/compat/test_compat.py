@@ -1,6 +1,8 @@
-"""Projects and workdirs of ctl 0.1.0 and of main before 0.2.0 run on today's ctl, or are
-refused at start, as CHANGELOG.md says (tests/compat/README.md)."""
+"""Projects and workdirs of ctl 0.1.0, of main before 0.2.0 and of 0.2.0 run
+on today's ctl, or are refused at start, as CHANGELOG.md says
+(tests/compat/README.md)."""
 
+import dataclasses
 import pathlib
 import shutil
 import subprocess
@@ -8,6 +10,7 @@ import subprocess
 import pytest
 
 import ctl
+from ctl import errors as ctl_errors
 import helpers
 
 V0_1_0 = helpers.REPO / 'tests' / 'compat' / 'v0_1_0'
@@ -201,3 +204,42 @@ def test_a_0_2_0_workdir_of_the_global_order_is_refused_in_partitions(
   assert 'Resume with partitions=1' in errors[0] and 'on 1 worker' in errors[0]
   assert f'--config.init_from={workdir}/checkpoints' in errors[0]
   assert helpers.file_stamps(workdir) == before
+
+
+V0_2_0 = helpers.REPO / 'tests' / 'compat' / 'v0_2_0'
+
+
+def test_a_0_2_0_study_is_joined_named_and_resumed_with_its_sweep_file(
+    tmp_path):
+  # Its description of the search has no sampler_options (0.2.0 had none),
+  # nor metric names.
+  from ctl import hyper  # pylint: disable=g-import-not-at-top
+  from ctl.runtime import studies  # pylint: disable=g-import-not-at-top
+  from ctl.sweep import study as study_lib  # pylint: disable=g-import-not-at-top
+  from ctl.sweep import trials as trials_lib  # pylint: disable=g-import-not-at-top
+  journal = tmp_path / 'study.journal'
+  shutil.copy(V0_2_0 / 'studies' / 'digits_search.journal', journal)
+  sweep_file = str(V0_2_0 / 'experiments' / 'digits_search.py')
+  sweep, _ = trials_lib.load_sweep(sweep_file)
+  study = study_lib.open_study(sweep, str(journal), 'digits_search')
+  description = study.user_attrs[studies.SEARCH]
+  assert 'sampler_options' not in description  # As 0.2.0 wrote it.
+  assert study.metric_names == ['eval.accuracy']
+  study = study_lib.open_study(sweep, str(journal), 'digits_search')
+  assert journal.read_text().count('metric_names') == 1  # Named once.
+  assert study.user_attrs[studies.SEARCH] == description
+  # Its trial left RUNNING by a sweep process gone is taken over; the next
+  # is sampled from the trials 0.2.0 ran.
+  leases = study_lib.Leases(study, lease_seconds=60.0)
+  assert [(trial.state.name, leases.is_free(trial))
+          for trial in study.trials[1:]] == [('RUNNING', True)]
+  trial = study.ask()
+  values = study_lib.sample(study, sweep.search, trial)
+  assert values.keys() == sweep.search.space.keys()
+  # The same file with sampler options searches differently: refused.
+  other = dataclasses.replace(sweep, search=dataclasses.replace(
+      sweep.search, sampler_options={'multivariate': True}))
+  with pytest.raises(ctl_errors.ConfigError,
+                     match="sampler_options 'multivariate': absent in the "
+                     'study, True in the sweep file'):
+    study_lib.open_study(other, str(journal), 'digits_search')

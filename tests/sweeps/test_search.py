@@ -128,9 +128,33 @@ def test_a_search_refuses_what_its_study_could_not_sample_or_seed(tmp_path):
       r'Search.fixed is str: use a dict':
           lambda: hyper.Search(space=space, num_trials=2, fixed='seed=1'),
   }
+  refused.update({
+      r"Search.sampler_options sets 'seed': set Search.seed": lambda:
+          hyper.Search(space=space, num_trials=2,
+                       sampler_options={'seed': 1}),
+      # It would be written into the study's description, as JSON.
+      r"Search.sampler_options\['gamma'\] is <built-in function len>: a "
+      'study records None, bool, int, float and str values':
+          lambda: hyper.Search(space=space, num_trials=2,
+                               sampler_options={'gamma': len}),
+  })
   for message, make in refused.items():
     with pytest.raises(ValueError, match=message):
       make()
+  # Options the sampler refuses, found by sampling as the study will: some
+  # only once it samples (n_startup_trials='3' compared to a count).
+  for sampler, options, message in [
+      ('tpe', {'n_startup_trial': 3}, "unexpected keyword argument "
+       "'n_startup_trial'"),
+      ('tpe', {'n_startup_trials': '3'}, "TypeError: '<' not supported"),
+      ('tpe', {'multivariate': False, 'group': True}, 'ValueError: '),
+      ('random', {'n_startup_trials': 3}, 'TypeError: ')]:
+    sweep = hyper.Sweep(config=helpers.DIGITS, search=hyper.Search(
+        space=space, num_trials=2, sampler=sampler, sampler_options=options))
+    with pytest.raises(errors.ConfigError,
+                       match=rf'Search.sampler_options=.* do not fit '
+                       rf'sampler={sampler!r} \(seed 0\): .*{message}'):
+      search_lib.check(sweep, helpers.DIGITS)
   # Options the pruner refuses, found by making it as the study will.
   for pruner, options, message in [
       ('median', {'bogus': 3}, "unexpected keyword argument 'bogus'"),
@@ -160,6 +184,12 @@ HOSTILE_SEARCHES = {
         ", pruner_options={'n_startup_trial': 3}",
         "Search.pruner_options={'n_startup_trial': 3} do not fit "
         "pruner='median': TypeError:"),
+    # Would have been a traceback at the first trial's sampling.
+    'sampler_options': (
+        "{'optimizer.learning_rate': hyper.log_uniform(1e-4, 1e-2)}",
+        ", sampler_options={'n_startup_trials': '3'}",
+        "Search.sampler_options={'n_startup_trials': '3'} do not fit "
+        "sampler='tpe' (seed 0): TypeError:"),
 }
 
 
@@ -303,6 +333,46 @@ def test_a_sweep_file_of_another_space_than_its_study_is_refused(tmp_path):
   assert [path.name for path in workdir.iterdir()] == ['study.journal']
 
 
+def _next_value(tmp_path: pathlib.Path, options: dict, last: str) -> float:
+  """The learning rate ctl samples for trial 6 of a study (journal in
+  tmp_path) after 3 COMPLETE trials and 3 more, all FAIL or all RUNNING,
+  at the best one's value."""
+  optuna = studies.import_optuna()
+  search = hyper.Search(
+      space={'optimizer.learning_rate': hyper.uniform(0.0, 1.0)},
+      num_trials=10, seed=7, sampler_options=options)
+  name = f'study_{uuid.uuid4().hex[:8]}'
+  study = study_lib.open_study(
+      hyper.Sweep(config=helpers.DIGITS, search=search, mode='min'),
+      str(tmp_path / name / 'study.journal'), name)
+  space = {'optimizer.learning_rate': optuna.distributions.FloatDistribution(
+      0.0, 1.0)}
+  for value, state in [(0.1, 'COMPLETE'), (0.5, 'COMPLETE'), (0.9, 'COMPLETE'),
+                       *[(0.1, last)] * 3]:
+    study.add_trial(optuna.trial.create_trial(
+        params={'optimizer.learning_rate': value}, distributions=space,
+        state=optuna.trial.TrialState[state],
+        value=value if state == 'COMPLETE' else None))
+  trial = study.ask()
+  assert trial.number == 6
+  return study_lib.sample(study, search, trial)['optimizer.learning_rate']
+
+
+def test_the_sampler_options_reach_the_tpe_sampler_of_each_trial(tmp_path):
+  # n_startup_trials: random values while fewer trials are COMPLETE.
+  random_phase = _next_value(tmp_path, {'n_startup_trials': 10}, 'FAIL')
+  assert _next_value(tmp_path, {'n_startup_trials': 4}, 'FAIL') == random_phase
+  assert _next_value(tmp_path, {'n_startup_trials': 3}, 'FAIL') != random_phase
+  # constant_liar: trials still RUNNING (in other processes) count, as bad
+  # ones, so the next trial moves away from them; without it they are
+  # ignored as FAIL ones are.
+  for liar in (True, False):
+    options = {'n_startup_trials': 3, 'constant_liar': liar}
+    ignored = _next_value(tmp_path, options, 'FAIL')
+    running = _next_value(tmp_path, options, 'RUNNING')
+    assert (running != ignored) == liar, (liar, running, ignored)
+
+
 # Real searches.
 
 # Seed 182 samples learning rates 0.011 and 0.0073 for trials 0 and 1 (run
@@ -341,9 +411,13 @@ def test_two_sweep_processes_run_one_study_and_prune(shared_search):
   assert names == [f'trial-{number:04d}' for number in range(4)], started
 
   study = _study(workdir, storage)
+  assert study.metric_names == ['eval.accuracy']  # Not "Objective 0".
   trials = [trial for trial in study.trials
             if not trial.user_attrs.get(study_lib.SURPLUS)]
   assert [trial.number for trial in trials] == list(range(4))
+  for trial in trials:  # What optuna-dashboard shows to lead to them.
+    assert trial.user_attrs[study_lib.WORKDIR] == str(
+        workdir / f'trial-{trial.number:04d}')
   # Each trial sampled with a seed of its own: no two processes asking at
   # once drew the same values.
   assert len({trial.params['optimizer.learning_rate'] for trial in trials}) \
@@ -443,8 +517,12 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
   taken_over = ('trial-0000: taken over (nobody held it); resuming it from '
                 'its checkpoint')
   # Another sweep process takes it over, and is stopped by SIGTERM as soon
-  # as it starts the trial: it leaves the trial to any other at once.
-  second = helpers.Watched(_command(sweep_file, workdir, storage))
+  # as it starts the trial: it leaves the trial to any other at once. It
+  # sees the workdir by another path (a shared filesystem mounted elsewhere).
+  elsewhere = tmp_path / 'elsewhere' / workdir.name
+  elsewhere.parent.mkdir()
+  elsewhere.symlink_to(workdir)
+  second = helpers.Watched(_command(sweep_file, elsewhere, storage))
   second.wait_for(r'trial-0000: started')
   second.process.send_signal(signal.SIGTERM)
   assert second.wait() == errors.EXIT_PREEMPTED, second.output[-3000:]
@@ -454,6 +532,8 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
   [trial] = _study(workdir, storage).trials
   assert trial.state.name == 'RUNNING'
   assert trial.user_attrs[study_lib.LEASE]['owner'] is None
+  # The workdir optuna-dashboard shows: the path of the process that ran it.
+  assert trial.user_attrs[study_lib.WORKDIR] == str(elsewhere / 'trial-0000')
 
   third = helpers.Watched(_command(sweep_file, workdir, storage))
   assert third.wait() == 0, third.output[-3000:]
@@ -479,6 +559,7 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
     assert reported == 1 or (reported == 0 and skipped), (step, log[-5000:])
   [trial] = _study(workdir, storage).trials
   assert trial.state.name == 'COMPLETE'
+  assert trial.user_attrs[study_lib.WORKDIR] == str(trial_dir)
   assert trial.user_attrs[study_lib.RESTARTS] == 1
   assert sorted(trial.intermediate_values) == eval_steps
   results = helpers.read_results(trial_dir)
