@@ -231,3 +231,22 @@ def test_what_a_run_changes_in_its_process_is_put_back(tmp_path):
 def test_the_modules_kept_are_ctl_s_and_the_installed_ones(name, kept):
   roots = fresh_state._kept_roots()  # pylint: disable=protected-access
   assert fresh_state._is_kept(sys.modules[name], roots) is kept  # pylint: disable=protected-access
+
+
+def test_a_command_s_overrides_do_not_reach_the_next(capsys):
+  # pylint: disable=g-import-not-at-top
+  from ctl import main
+  printed = []
+  for overrides in (['--config.batch_size=7'], [], ['--config.batch_size=9'],
+                    ['--config.batch_sise=7']):
+    with fresh_state.restored_after():
+      code = main.run_in_process(['ctl.main', f'--config={helpers.DIGITS}',
+                                  *overrides, '--print_config'])
+    output = capsys.readouterr()
+    printed.append((code, [line for line in output.out.splitlines()
+                           if line.startswith('batch_size =')],
+                    output.err.strip().splitlines()[-1:]))
+  assert printed[0] == (0, ['batch_size = 7  # default: 64'], [])
+  assert printed[1] == (0, ['batch_size = 32  # default: 64'], [])  # The file's.
+  assert printed[2] == (0, ['batch_size = 9  # default: 64'], [])
+  assert printed[3][0] == 2 and 'batch_sise' in printed[3][2][0], printed[3]
