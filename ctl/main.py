@@ -55,15 +55,7 @@ _VERSION = flags.DEFINE_bool(
 flags.mark_flag_as_required('config')
 
 
-def main(argv: list[str]) -> None:
-  """app.run's main: runs the parsed command and exits with its code."""
-  code = run_parsed(argv)
-  if 'tensorflow' in sys.modules:
-    tf_process.exit_now(code)  # Without TensorFlow's slow shutdown.
-  sys.exit(code)
-
-
-def run_parsed(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
   """Runs the command whose flags are parsed; returns its exit code."""
   if len(argv) > 1:
     return _usage_error(f'Unexpected arguments: {" ".join(argv[1:])}')
@@ -103,7 +95,7 @@ def run_in_process(argv: list[str],
                    check: Callable[..., str | None] | None = None) -> int:
   """Runs one `python -m ctl.main` command line in this process.
 
-  For a process that runs command after command (ctl/runtime/warm.py),
+  For a process that runs command after command (ctl/warm.py),
   inside `fresh_state.restored_after()`: the flags of the command before
   are forgotten, config overrides included.
 
@@ -124,7 +116,7 @@ def run_in_process(argv: list[str],
     refusal = check(_CONFIG.value) if check else None
     if refusal:
       raise RunRefused(refusal)
-    return run_parsed(remaining)
+    return main(remaining)
   except SystemExit as exit_:
     return exit_.code if isinstance(exit_.code, int) else 1
 
@@ -199,5 +191,13 @@ def _exit_usage(message: str) -> None:
   sys.exit(_usage_error(message))
 
 
+def _main_then_exit(argv: list[str]) -> None:
+  """app.run's main: runs the command and exits with its code."""
+  code = main(argv)
+  if 'tensorflow' in sys.modules:
+    tf_process.exit_now(code)  # Without TensorFlow's slow shutdown.
+  sys.exit(code)
+
+
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  app.run(_main_then_exit, flags_parser=parse_flags)

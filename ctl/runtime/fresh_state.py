@@ -1,6 +1,6 @@
 """What a run changes in its process, and how to put it back for the next.
 
-A process that runs one ctl command after another (ctl/runtime/warm.py)
+A process that runs one ctl command after another (ctl/warm.py)
 must start each from the state a fresh process would have, or a run's
 results would depend on the runs before it. `restored_after()` records
 that state, lets one run change it, and puts it back:

@@ -3,7 +3,7 @@ as CHANGELOG.md says (tests/compat/README.md).
 
 Each release's folder holds its own `configs/` and `experiments/` (from its
 tag) and the projects its README showed (`user/`). Its projects run one
-after another in one warm process (ctl/runtime/warm.py), each from a clean
+after another in one warm process (ctl/warm.py), each from a clean
 state, each from its own folder, unchanged, shrunk by overrides only where
 its smoke variant is large; each test then reads one project's outcome.
 Sweep files are planned (each trial's overrides checked), not run.
@@ -17,7 +17,7 @@ import pytest
 
 import ctl
 import helpers
-from ctl.runtime import warm
+from ctl import warm
 
 COMPAT = helpers.REPO / 'tests' / 'compat'
 V0_1_0 = COMPAT / 'v0_1_0'

@@ -1,4 +1,4 @@
-"""ctl/runtime/warm.py and fresh_state.py: commands run one after another in
+"""ctl/warm.py and fresh_state.py: commands run one after another in
 one process equal the same commands run each in a fresh process."""
 
 import json
@@ -14,7 +14,7 @@ import pytest
 
 import helpers
 from ctl.runtime import fresh_state
-from ctl.runtime import warm
+from ctl import warm
 
 # A task that changes what a process shares: Keras's dtype policy and
 # epsilon, op determinism, the global seed, an environment variable.
@@ -226,7 +226,7 @@ def test_what_a_run_changes_in_its_process_is_put_back(tmp_path):
 
 
 @pytest.mark.parametrize('name, kept', [
-    ('json', True), ('numpy', True), ('ctl.runtime.warm', True),
+    ('json', True), ('numpy', True), ('ctl.warm', True),
     ('helpers', False)])
 def test_the_modules_kept_are_ctl_s_and_the_installed_ones(name, kept):
   roots = fresh_state._kept_roots()  # pylint: disable=protected-access

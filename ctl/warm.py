@@ -4,7 +4,7 @@ Starting a ctl process costs 10-20 s of Python and TensorFlow imports
 before the first step; a caller with many short runs (a sweep's trials,
 the compatibility suite's projects) starts this once instead:
 
-    python -m ctl.runtime.warm [--cpu_devices=N]
+    python -m ctl.warm [--cpu_devices=N]
 
 It reads one JSON object a line on stdin, each one run:
 
@@ -31,7 +31,6 @@ starts). It exits 0 at the end of stdin. A run that kills its process (a
 segfault, a second Ctrl-C) ends it: the caller sees stdout close.
 """
 
-import argparse
 import contextlib
 import json
 import os
@@ -42,12 +41,21 @@ import time
 import traceback
 from typing import Any, Iterator
 
+from absl import flags
 from absl import logging
 
+from ctl import errors
 from ctl import main as ctl_main
 from ctl.cluster import slurm
 from ctl.runtime import fresh_state
 from ctl.runtime import tf_process
+
+# Its own flags: ctl.main's (--config required) are each run's.
+_FLAGS = flags.FlagValues()
+_CPU_DEVICES = flags.DEFINE_integer(
+    'cpu_devices', 1, 'Logical CPU devices to split the CPU into before '
+    'TensorFlow starts (a stand-in for that many GPUs); every run shares them.',
+    flag_values=_FLAGS)
 
 def run_request(request: dict[str, Any], cpu_devices: int) -> dict[str, Any]:
   """Runs one request (the module docstring's JSON object); returns its
@@ -120,7 +128,7 @@ def _output_to(log_path: str) -> Iterator[None]:
 
 
 class WarmProcess:
-  """The caller's side: starts `python -m ctl.runtime.warm`, sends it runs.
+  """The caller's side: starts `python -m ctl.warm`, sends it runs.
 
   Every wait is bounded: a run past its timeout kills the process
   (TimeoutError); one that ended the process raises EOFError.
@@ -129,7 +137,7 @@ class WarmProcess:
   def __init__(self, *, cpu_devices: int = 1, env: dict[str, str] | None = None,
                stderr=None):
     self.process = subprocess.Popen(
-        [sys.executable, '-m', 'ctl.runtime.warm',
+        [sys.executable, '-m', 'ctl.warm',
          f'--cpu_devices={cpu_devices}'], env=env, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=stderr, text=True)
 
@@ -179,19 +187,25 @@ def serve(requests, answers, cpu_devices: int) -> None:
   """Answers each request line of `requests` with a line on `answers`."""
   for line in requests:
     if line.strip():
-      answer = run_request(json.loads(line), cpu_devices)
+      try:
+        request = json.loads(line)
+        request['argv'], request['log']  # pylint: disable=pointless-statement
+      except (ValueError, TypeError, KeyError) as error:
+        answer = {'refused': f'Not a request ({error!r}): {line.strip()}'}
+      else:
+        answer = run_request(request, cpu_devices)
       answers.write(json.dumps(answer) + '\n')
       answers.flush()
 
 
 def main() -> None:
   """Takes stdin and stdout for the protocol; the runs get neither."""
-  parser = argparse.ArgumentParser(prog='python -m ctl.runtime.warm')
-  parser.add_argument(
-      '--cpu_devices', type=int, default=1,
-      help='logical CPU devices to split the CPU into before TensorFlow '
-      'starts (a stand-in for that many GPUs); every run shares them')
-  cpu_devices = parser.parse_args().cpu_devices
+  try:
+    _FLAGS(sys.argv)
+  except flags.Error as error:
+    print(f'ctl: error: {error}', file=sys.stderr)
+    sys.exit(errors.EXIT_USAGE)
+  cpu_devices = _CPU_DEVICES.value
   logging.use_absl_handler()  # As absl's app.run does for ctl.main.
   requests = os.fdopen(os.dup(0), 'r')
   answers = os.fdopen(os.dup(1), 'w')
