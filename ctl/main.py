@@ -15,6 +15,7 @@ checkpoint, restart to resume; 43 a peer worker failed, restart all workers;
 130 Ctrl-C twice, stopped at once without saving.
 """
 
+from collections.abc import Callable
 import os
 import sys
 
@@ -54,15 +55,16 @@ _VERSION = flags.DEFINE_bool(
 flags.mark_flag_as_required('config')
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
+  """Runs the command whose flags are parsed; returns its exit code."""
   if len(argv) > 1:
-    _exit_usage(f'Unexpected arguments: {" ".join(argv[1:])}')
+    return _usage_error(f'Unexpected arguments: {" ".join(argv[1:])}')
   if _PRINT_CONFIG.value:
     print(config_help.describe(_CONFIG.value))
-    return
+    return 0
   if not _WORKDIR.value:
-    _exit_usage('Flag --workdir must name the directory for checkpoints, '
-                'summaries and results.')
+    return _usage_error('Flag --workdir must name the directory for '
+                        'checkpoints, summaries and results.')
   logging.get_absl_handler().addFilter(_drop_tensorflow_info)
   progress.install()
   tf_process.remove_autograph_bytecode_at_exit()
@@ -78,15 +80,59 @@ def main(argv: list[str]) -> None:
   except KeyboardInterrupt:
     # Ctrl-C before training took it over (preemption.StopSignal): nothing
     # was trained, so nothing needed saving.
-    _exit_with(errors.Preempted(
+    return _report(errors.Preempted(
         'Ctrl-C before training started: nothing was trained or written '
         'since the latest checkpoint. Run the same command again to start.'))
   except errors.CtlError as error:
-    _exit_with(error)
+    return _report(error)
   except Exception as error:  # pylint: disable=broad-except
-    _exit_with(_task_failure(error))
+    return _report(_task_failure(error))
   progress.finish_line()
-  tf_process.exit_now(0)
+  return 0
+
+
+def run_in_process(argv: list[str],
+                   check: Callable[..., str | None] | None = None) -> int:
+  """Runs one `python -m ctl.main` command line in this process.
+
+  For a process that runs command after command (ctl/warm.py),
+  inside `fresh_state.restored_after()`: the flags of the command before
+  are forgotten, config overrides included.
+
+  Args:
+    argv: the command line, program name first (`['ctl.main', '--config=...']`).
+    check: called with the parsed config before anything runs; a string it
+      returns refuses the command (raised as RunRefused).
+
+  Returns:
+    The exit code `python -m ctl.main argv` would exit with.
+  """
+  _forget_flags()
+  sys.argv = list(argv)  # Where ml_collections reads --config.* overrides.
+  try:
+    remaining = parse_flags(list(argv))
+    if flags.FLAGS['verbosity'].using_default_value:
+      flags.FLAGS.verbosity = 0  # INFO, as absl's app.run sets it.
+    refusal = check(_CONFIG.value) if check else None
+    if refusal:
+      raise RunRefused(refusal)
+    return main(remaining)
+  except SystemExit as exit_:
+    return exit_.code if isinstance(exit_.code, int) else 1
+
+
+class RunRefused(Exception):
+  """A command that this process must not run (it needs a process of its
+  own); nothing of it ran."""
+
+
+def _forget_flags() -> None:
+  """Every flag back to its default; the --config.* overrides of an earlier
+  command undefined (ml_collections defines them while parsing)."""
+  for name in list(flags.FLAGS):
+    if name.startswith('config.'):
+      delattr(flags.FLAGS, name)
+  flags.FLAGS.unparse_flags()
 
 
 def _task_failure(error: Exception) -> errors.CtlError:
@@ -101,12 +147,12 @@ def _task_failure(error: Exception) -> errors.CtlError:
   return failure
 
 
-def _exit_with(error: errors.CtlError) -> None:
+def _report(error: errors.CtlError) -> int:
   """Prints the error as one `ctl: <label>:` message (stderr, where the log
-  goes too) and exits with its code."""
+  goes too); returns its exit code."""
   progress.finish_line()
   print(f'ctl: {error.label}: {error}', file=sys.stderr, flush=True)
-  tf_process.exit_now(error.exit_code)
+  return error.exit_code
 
 
 def _drop_tensorflow_info(record) -> bool:
@@ -135,10 +181,23 @@ def parse_flags(argv: list[str]) -> list[str]:
   return remaining
 
 
+def _usage_error(message: str) -> int:
+  """Prints a flag error as one `ctl: error:` line; returns exit code 2."""
+  print(f'ctl: error: {message}', file=sys.stderr, flush=True)
+  return errors.EXIT_USAGE
+
+
 def _exit_usage(message: str) -> None:
-  print(f'ctl: error: {message}', file=sys.stderr)
-  sys.exit(errors.EXIT_USAGE)
+  sys.exit(_usage_error(message))
+
+
+def _main_then_exit(argv: list[str]) -> None:
+  """app.run's main: runs the command and exits with its code."""
+  code = main(argv)
+  if 'tensorflow' in sys.modules:
+    tf_process.exit_now(code)  # Without TensorFlow's slow shutdown.
+  sys.exit(code)
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  app.run(_main_then_exit, flags_parser=parse_flags)

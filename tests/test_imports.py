@@ -25,6 +25,7 @@ LAYERS = {
     'serving': 8,
     'modes': 9, 'launch': 9, 'sweep': 9, 'status': 9,
     'main': 10,
+    'warm': 11,
 }
 
 

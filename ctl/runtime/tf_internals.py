@@ -326,3 +326,19 @@ def _graph_def(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
       dataset._as_serialized_graph(  # pylint: disable=protected-access
           external_state_policy=(
               tf.data.experimental.ExternalStatePolicy.IGNORE)).numpy())
+
+
+def op_determinism_enabled() -> bool:
+  """Whether `tf.config.experimental.enable_op_determinism()` is in force."""
+  from tensorflow.python.framework import config as tf_config  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  return tf_config.is_op_determinism_enabled()
+
+
+def set_op_determinism(enabled: bool) -> None:
+  """Turns op determinism on or off: TensorFlow's public API only turns it
+  on; a process running one run after another must turn it off again."""
+  from tensorflow.python.framework import config as tf_config  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  if enabled:
+    tf_config.enable_op_determinism()
+  else:
+    tf_config.disable_op_determinism()

@@ -80,8 +80,10 @@ def remove_autograph_bytecode_at_exit() -> None:
   """At exit, deletes AutoGraph's cached bytecode whose source is gone.
 
   Call before anything is converted: exit handlers run last-in first-out,
-  so this one runs after AutoGraph's own, which deletes the sources.
+  so this one runs after AutoGraph's own, which deletes the sources. Once
+  a process: a warm process (ctl/warm.py) calls it for every run.
   """
+  atexit.unregister(_remove_orphaned_autograph_bytecode)
   atexit.register(_remove_orphaned_autograph_bytecode, tempfile.gettempdir())
 
 

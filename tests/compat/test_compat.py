@@ -1,100 +1,259 @@
-"""Projects and workdirs of ctl 0.1.0, of main before 0.2.0 and of 0.2.0 run
-on today's ctl, or are refused at start, as CHANGELOG.md says
-(tests/compat/README.md)."""
+"""Every past release's projects run on today's ctl, or are refused at start,
+as CHANGELOG.md says (tests/compat/README.md).
+
+Each release's folder holds its own `configs/` and `experiments/` (from its
+tag) and the projects its README showed (`user/`). Its projects run one
+after another in one warm process (ctl/warm.py), each from a clean
+state, each from its own folder, unchanged, shrunk by overrides only where
+its smoke variant is large; each test then reads one project's outcome.
+Sweep files are planned (each trial's overrides checked), not run.
+"""
 
 import dataclasses
 import pathlib
 import shutil
-import subprocess
 
 import pytest
 
 import ctl
 from ctl import errors as ctl_errors
 import helpers
+from ctl import warm
 
-V0_1_0 = helpers.REPO / 'tests' / 'compat' / 'v0_1_0'
-# The overrides the fixture workdirs were trained with (README.md here),
-# but for num_epochs: a resume trains one more epoch.
-DIGITS = ('--config=configs/digits.py:smoke', '--config.model.filters=4',
-          '--config.model.width=8', '--config.intervals.keep_checkpoints=1',
-          '--config.export.at_end=False')
-TEXT = ('--config=configs/text.py:smoke', '--config.data.num_train=64',
-        '--config.data.num_eval=32', '--config.intervals.keep_checkpoints=1',
-        '--config.export.at_end=False')
-
-
-def _run_0_1_0(*args: str) -> subprocess.CompletedProcess:
-  """`python -m ctl.main args` from the 0.1.0 project's folder (its
-  `experiments.*` tasks import from there, as they did from the repo's)."""
-  return subprocess.run(helpers.ctl_command(*args), cwd=V0_1_0,
-                        env=helpers.env_with(), capture_output=True,
-                        text=True, timeout=600)
+COMPAT = helpers.REPO / 'tests' / 'compat'
+V0_1_0 = COMPAT / 'v0_1_0'
+V0_2_0 = COMPAT / 'v0_2_0'
+PRE_0_2_0 = COMPAT / 'pre_0_2_0'
+# Shrinks a digits run (the fixture workdirs were trained with them).
+SMALL_DIGITS = ('--config.model.filters=4', '--config.model.width=8',
+                '--config.num_epochs=1', '--config.export.at_end=False')
+SMALL_TEXT = ('--config.data.num_train=64', '--config.data.num_eval=32',
+              '--config.num_epochs=1', '--config.export.at_end=False')
+SMALL_REGRESSION = ('--config.data.num_train=256', '--config.data.num_eval=128',
+                    '--config.eval_batch_size=128', '--config.num_epochs=1')
 
 
-def _copy_workdir(name: str, tmp_path) -> pathlib.Path:
-  workdir = tmp_path / name
-  shutil.copytree(V0_1_0 / 'workdirs' / name, workdir)
-  return workdir
+@dataclasses.dataclass(frozen=True)
+class Project:
+  """One command of a release: `python -m ctl.main args --workdir=...`
+  from `cwd` (relative to the release's folder); `{tmp}` in an argument is
+  a folder of the run's own; `workdir` copies a saved workdir first."""
+  args: tuple[str, ...]
+  cwd: str = '.'
+  workdir: pathlib.Path | None = None
 
 
-def test_a_task_with_the_0_1_0_eval_end_trains_warned_once(tmp_path):
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """What a project's run did: its exit code, its log, its workdir."""
+  exit_code: int
+  log: str
+  workdir: pathlib.Path
+  stamps_before: dict
+
+  def results(self) -> dict:
+    assert self.exit_code == 0, self.log[-3000:]
+    return helpers.read_results(self.workdir)
+
+  def warnings(self) -> list[str]:
+    return [line for line in self.log.splitlines()
+            if 'CtlDeprecationWarning' in line]
+
+  def error_lines(self) -> list[str]:
+    return [line for line in self.log.splitlines()
+            if line.startswith('ctl: error:')]
+
+
+def _smoke(config: str, *overrides: str) -> Project:
+  return Project((f'--config=configs/{config}.py:smoke', *overrides))
+
+
+# The user projects of README (both releases show the same): `my_task.py`
+# trained from its folder; my_project/parts.py's model and data, and its
+# compiled model under the keras_model task, with the release's digits.
+README_PROJECTS = {
+    'readme_my_task': Project(('--config=my_task.py', '--config.num_epochs=1',
+                               '--config.export.at_end=False'), cwd='user'),
+    'readme_my_model_and_data': Project((
+        '--config=../configs/digits.py:smoke', '--config.num_epochs=1',
+        '--config.model.name=my_project.parts:my_model',
+        '--config.data.name=my_project.parts:my_data'), cwd='user'),
+    'readme_keras_model': Project((
+        '--config=../configs/digits.py:smoke', '--config.num_epochs=1',
+        '--config.task=keras_model', '--config.export.at_end=False',
+        '--config.model.name=my_project.parts:compiled_model'), cwd='user'),
+}
+
+SHARED_SMOKES = {
+    'digits': _smoke('digits', *SMALL_DIGITS),
+    'regression': _smoke('regression', *SMALL_REGRESSION),
+    'text': _smoke('text', *SMALL_TEXT),
+    'clip_ema': _smoke('clip_ema', '--config.num_epochs=1',
+                       '--config.export.at_end=False'),
+    'gan': _smoke('gan', '--config.data.num_train=1024',
+                  '--config.num_epochs=1'),
+    'mnist': _smoke('mnist', '--config.export.at_end=False'),
+    'digits_tfrecord': _smoke('digits_tfrecord', *SMALL_DIGITS,
+                              '--config.data.tfrecord.dir={tmp}/shards'),
+    'tfds_mnist': _smoke('tfds_mnist', '--config.export.at_end=False',
+                         '--config.data.tfds.data_dir={tmp}/tfds'),
+}
+
+PROJECTS_0_1_0 = {
+    **SHARED_SMOKES,
+    **README_PROJECTS,
+    'user_scalar_eval': Project((
+        '--config=configs/regression.py',
+        '--config.task=user.scalar_eval:ScalarEval',
+        '--config.data.num_train=256', '--config.data.num_eval=128',
+        '--config.eval_batch_size=64', '--config.num_epochs=2',
+        '--config.export.at_end=False')),
+    # Workdirs that ctl 0.1.0 wrote (README.md here), one more epoch.
+    'workdir_digits': Project((
+        '--config=configs/digits.py:smoke', *SMALL_DIGITS[:2],
+        '--config.intervals.keep_checkpoints=1', '--config.export.at_end=False',
+        '--config.num_epochs=2'), workdir=V0_1_0 / 'workdirs' / 'digits'),
+    'workdir_text': Project((
+        '--config=configs/text.py:smoke', *SMALL_TEXT[:2],
+        '--config.intervals.keep_checkpoints=1', '--config.export.at_end=False',
+        '--config.num_epochs=2'), workdir=V0_1_0 / 'workdirs' / 'text'),
+}
+
+# The workdir of the global order before 0.2.0, resumed on today's
+# configs/digits_tfrecord.py (README.md here) for one more epoch.
+_RESUME_GLOBAL_ORDER = (
+    f'--config={helpers.REPO / "configs" / "digits_tfrecord.py"}:smoke',
+    *SMALL_DIGITS[:2], '--config.intervals.keep_checkpoints=1',
+    '--config.export.at_end=False', '--config.num_epochs=2',
+    '--config.data.tfrecord.dir={tmp}/shards')
+
+PROJECTS_0_2_0 = {
+    **SHARED_SMOKES,
+    **README_PROJECTS,
+    'finetune_pretrain': Project((
+        '--config=configs/finetune.py:pretrain', '--config.num_epochs=1')),
+    'finetune': Project(('--config=configs/finetune.py:smoke',
+                         '--config.finetune.freeze_steps=10',
+                         '--config.init_from={tmp}/../finetune_pretrain')),
+    'mixed_precision': _smoke('mixed_precision', '--config.num_epochs=1',
+                              '--config.export.at_end=False'),
+    'readme_loss_file': Project(('--config=loss_file.py',
+                                 '--config.num_epochs=1',
+                                 '--config.export.at_end=False'), cwd='user'),
+    'global_order_in_one_partition': Project(
+        (*_RESUME_GLOBAL_ORDER, '--config.data.tfrecord.partitions=1'),
+        workdir=PRE_0_2_0 / 'workdirs' / 'digits_tfrecord'),
+    'global_order_in_partitions': Project(
+        _RESUME_GLOBAL_ORDER,
+        workdir=PRE_0_2_0 / 'workdirs' / 'digits_tfrecord'),
+}
+
+
+def _run_projects(folder: pathlib.Path, projects: dict[str, Project],
+                  base: pathlib.Path) -> dict[str, Outcome]:
+  """Runs each project in one warm process, in order; their outcomes."""
+  process = warm.WarmProcess(env=helpers.env_with())
+  outcomes = {}
+  try:
+    for name, project in projects.items():
+      tmp, workdir = base / f'{name}.tmp', base / name
+      tmp.mkdir()
+      if project.workdir:
+        shutil.copytree(project.workdir, workdir)
+      stamps = helpers.file_stamps(workdir) if project.workdir else {}
+      args = [arg.replace('{tmp}', str(tmp)) for arg in project.args]
+      answer = process.run([*args, f'--workdir={workdir}'],
+                           base / f'{name}.log', cwd=str(folder / project.cwd))
+      assert 'exit_code' in answer, (name, answer)
+      outcomes[name] = Outcome(answer['exit_code'],
+                               (base / f'{name}.log').read_text(), workdir,
+                               stamps)
+  finally:
+    assert process.close() == 0
+  return outcomes
+
+
+@pytest.fixture(scope='module')
+def release_0_1_0(tmp_path_factory) -> dict[str, Outcome]:
+  return _run_projects(V0_1_0, PROJECTS_0_1_0,
+                       tmp_path_factory.mktemp('v0_1_0'))
+
+
+@pytest.fixture(scope='module')
+def release_0_2_0(tmp_path_factory) -> dict[str, Outcome]:
+  return _run_projects(V0_2_0, PROJECTS_0_2_0,
+                       tmp_path_factory.mktemp('v0_2_0'))
+
+
+@pytest.fixture(params=['0_1_0', '0_2_0'])
+def release(request) -> dict[str, Outcome]:
+  return request.getfixturevalue(f'release_{request.param}')
+
+
+TRAINED_TO = {  # Steps of each run that trains (its overrides').
+    'digits': 44, 'clip_ema': 44, 'gan': 8, 'mnist': 5, 'tfds_mnist': 5,
+    'text': 2, 'regression': 4, 'readme_my_task': 64,
+    'readme_my_model_and_data': 43, 'readme_keras_model': 44,
+}
+
+
+@pytest.mark.parametrize('name', sorted(TRAINED_TO))
+def test_each_release_s_project_trains(release, name):
+  results = release[name].results()
+  assert results['step'] == TRAINED_TO[name]
+  assert results['eval'], results
+
+
+@pytest.mark.parametrize('name, accuracy', [
+    ('readme_my_task', 0.8),
+    # One epoch of a linear model at the digits' learning rate: above chance.
+    ('readme_keras_model', 0.15), ('readme_my_model_and_data', 0.15)])
+def test_readme_s_projects_learn(release, name, accuracy):
+  assert release[name].results()['eval']['accuracy'] > accuracy
+
+
+def test_a_task_with_the_0_1_0_eval_end_trains_warned_once(release_0_1_0):
   # experiments/regression.py of 0.1.0: eval_end(self, name, outputs), a
   # config built on ctl's config_lib.base_config(); exported at the end,
   # which finds the task class again.
-  workdir = tmp_path / 'regression'
-  run = _run_0_1_0('--config=configs/regression.py',
-                   '--config.data.num_train=256', '--config.data.num_eval=128',
-                   '--config.eval_batch_size=128', '--config.num_epochs=1',
-                   f'--workdir={workdir}')
-  assert run.returncode == 0, run.stderr[-3000:]
-  warned = [line for line in run.stderr.splitlines()
-            if 'CtlDeprecationWarning' in line]
-  assert len(warned) == 1, run.stderr[-3000:]
+  outcome = release_0_1_0['regression']
+  results = outcome.results()
+  warned = outcome.warnings()
+  assert len(warned) == 1, outcome.log[-3000:]
   assert ('Regression.eval_end(self, name: str, outputs: dict) -> dict is '
           'the form of ctl 0.1.0') in warned[0]
   assert '`def eval_end(self, name, outputs, results)`' in warned[0]
-  results = helpers.read_results(workdir)
-  assert results['step'] == 4
   assert -1 < results['eval']['r2'] < 1  # eval_end's, without results.
-  assert (workdir / 'export' / 'export.json').exists()
+  assert (outcome.workdir / 'export' / 'export.json').exists()
 
 
 def test_a_0_1_0_eval_end_is_not_called_without_per_example_outputs(
-    tmp_path):
+    release_0_1_0):
   # user/scalar_eval.py: a 0.1.0 task whose eval_step returns scalars only,
   # with the two-argument eval_end it inherits, which reads outputs that
   # are not there: 0.1.0 never called it, nor does ctl now.
-  workdir = tmp_path / 'scalar_eval'
-  run = _run_0_1_0('--config=configs/regression.py',
-                   '--config.task=user.scalar_eval:ScalarEval',
-                   '--config.data.num_train=256', '--config.data.num_eval=128',
-                   '--config.eval_batch_size=64', '--config.num_epochs=2',
-                   '--config.export.at_end=False', f'--workdir={workdir}')
-  assert run.returncode == 0, run.stderr[-3000:]
-  results = helpers.read_results(workdir)
+  results = release_0_1_0['user_scalar_eval'].results()
   assert results['step'] == 8
   assert 'mae' in results['eval'] and 'r2' not in results['eval']
 
 
 def test_the_0_1_0_tfrecord_config_trains_in_the_global_order_warned(
-    tmp_path):
+    release_0_1_0):
   # configs/digits_tfrecord.py of 0.1.0 has no data.tfrecord.order nor
   # .partitions (0.2.0's): they take their defaults, with one warning that
   # names the override giving 0.1.0's order.
-  workdir = tmp_path / 'digits_tfrecord'
-  run = _run_0_1_0('--config=configs/digits_tfrecord.py:smoke',
-                   f'--config.data.tfrecord.dir={tmp_path / "shards"}',
-                   '--config.model.filters=4', '--config.model.width=8',
-                   '--config.num_epochs=1', '--config.export.at_end=False',
-                   f'--workdir={workdir}')
-  assert run.returncode == 0, run.stderr[-3000:]
-  warned = [line for line in run.stderr.splitlines()
-            if 'CtlDeprecationWarning' in line]
-  assert len(warned) == 1, run.stderr[-3000:]
+  outcome = release_0_1_0['digits_tfrecord']
+  assert outcome.results()['step'] == 44
+  warned = outcome.warnings()
+  assert len(warned) == 1, outcome.log[-3000:]
   assert ('config.data.tfrecord has no order, partitions' in warned[0] and
           '--config.data.tfrecord.order=by_file' in warned[0]), warned[0]
-  assert helpers.read_results(workdir)['step'] == 44
+
+
+def test_the_0_2_0_tfrecord_config_trains_unwarned(release_0_2_0):
+  outcome = release_0_2_0['digits_tfrecord']
+  assert outcome.results()['step'] == 44
+  assert not outcome.warnings(), outcome.warnings()
 
 
 @pytest.mark.parametrize('config_file, section', [
@@ -112,40 +271,106 @@ def test_the_0_1_0_order_of_files_is_an_override_as_changelog_says(
   assert config.data[section].partitions == 0
 
 
-def test_a_workdir_of_0_1_0_resumes(tmp_path):
+def test_a_workdir_of_0_1_0_resumes(release_0_1_0):
   # Its checkpoint lacks what 0.2.0 added (the workers' count, the
   # actions' states): they start at their initial values.
-  workdir = _copy_workdir('digits', tmp_path)
-  run = _run_0_1_0(*DIGITS, '--config.num_epochs=2', f'--workdir={workdir}')
-  assert run.returncode == 0, run.stderr[-3000:]
-  assert f'Restored {workdir}/checkpoints/ckpt-44' in run.stderr
-  assert 'Training from step 44 to 88' in run.stderr
-  assert helpers.read_results(workdir)['step'] == 88
+  outcome = release_0_1_0['workdir_digits']
+  assert outcome.results()['step'] == 88
+  assert f'Restored {outcome.workdir}/checkpoints/ckpt-44' in outcome.log
+  assert 'Training from step 44 to 88' in outcome.log
 
 
-def test_a_0_1_0_workdir_of_a_tf_data_pipeline_is_refused_at_start(tmp_path):
+def _assert_refused(outcome: Outcome, exit_code: int) -> str:
+  """The run was refused at start: one `ctl: error:` line, nothing written."""
+  assert outcome.exit_code == exit_code, outcome.log[-3000:]
+  errors = outcome.error_lines()
+  assert len(errors) == 1, outcome.log[-3000:]
+  assert helpers.file_stamps(outcome.workdir) == outcome.stamps_before
+  return errors[0]
+
+
+def test_a_0_1_0_workdir_of_a_tf_data_pipeline_is_refused_at_start(
+    release_0_1_0):
   # experiments/text.py of 0.1.0 reads a tf.data pipeline, whose saved
   # position ctl now reads another way: exit 2, nothing written.
-  workdir = _copy_workdir('text', tmp_path)
-  before = helpers.file_stamps(workdir)
-  run = _run_0_1_0(*TEXT, '--config.num_epochs=2', f'--workdir={workdir}')
-  assert run.returncode == 2, run.stderr[-3000:]
-  errors = [line for line in run.stderr.splitlines()
-            if line.startswith('ctl: error:')]
-  assert len(errors) == 1, run.stderr[-3000:]
-  assert 'was written by ctl 0.1.0' in errors[0]
-  assert f'--config.init_from={workdir}/checkpoints' in errors[0]
-  assert helpers.file_stamps(workdir) == before
+  outcome = release_0_1_0['workdir_text']
+  error = _assert_refused(outcome, 2)
+  assert 'was written by ctl 0.1.0' in error
+  assert f'--config.init_from={outcome.workdir}/checkpoints' in error
 
 
-def test_the_0_1_0_sweep_file_plans_its_trials(tmp_path):
+def test_a_0_2_0_workdir_of_the_global_order_resumes_in_one_partition(
+    release_0_2_0):
+  # the global order of ctl before 0.2.0 is today's with one partition, bit for bit.
+  outcome = release_0_2_0['global_order_in_one_partition']
+  assert outcome.results()['step'] == 88
+  assert 'Training from step 44 to 88' in outcome.log
+
+
+def test_a_0_2_0_workdir_of_the_global_order_is_refused_in_partitions(
+    release_0_2_0):
+  outcome = release_0_2_0['global_order_in_partitions']
+  error = _assert_refused(outcome, 2)
+  assert ('was written by ctl before 0.2.0, whose global order of the '
+          'files is this one with 1 partition') in error, error
+  assert 'Resume with partitions=1' in error and 'on 1 worker' in error
+  assert f'--config.init_from={outcome.workdir}/checkpoints' in error
+
+
+@pytest.mark.parametrize('name', ['finetune_pretrain', 'finetune',
+                                  'mixed_precision', 'readme_loss_file'])
+def test_the_0_2_0_projects_train(release_0_2_0, name):
+  results = release_0_2_0[name].results()
+  assert results['step'] > 0 and results['eval'], results
+
+
+def test_the_0_2_0_finetune_starts_from_the_pretrained_backbone(
+    release_0_2_0):
+  assert 'finetune_pretrain' in release_0_2_0['finetune'].log
+
+
+def test_the_0_2_0_readme_action_appends_its_loss_file(release_0_2_0):
+  outcome = release_0_2_0['readme_loss_file']
+  steps = [int(line.split()[0]) for line in
+           (outcome.workdir / 'loss.txt').read_text().splitlines()]
+  assert steps and all(step % 22 == 0 for step in steps), steps
+
+
+@pytest.mark.parametrize('folder, sweep_file, num_trials', [
+    (V0_1_0, 'digits_lr.py', 8), (V0_1_0, 'digits_random.py', 8),
+    (V0_2_0, 'digits_lr.py', 8), (V0_2_0, 'digits_random.py', 8)])
+def test_each_release_s_sweep_file_plans_its_trials(folder, sweep_file,
+                                                    num_trials, tmp_path):
   from ctl.sweep import trials as trials_lib  # pylint: disable=g-import-not-at-top
   sweep, config_file = trials_lib.load_sweep(
-      str(V0_1_0 / 'experiments' / 'digits_lr.py'))
-  assert config_file == str(V0_1_0 / 'configs' / 'digits.py')
+      str(folder / 'experiments' / sweep_file))
+  assert config_file == str(folder / 'configs' / 'digits.py')
   trials = trials_lib.plan(sweep, config_file, str(tmp_path))
-  assert len(trials) == 8
-  assert {trial.overrides['batch_size'] for trial in trials} == {32, 64}
+  assert len(trials) == num_trials
+
+
+def test_the_0_2_0_search_file_passes_its_checks():
+  # pylint: disable=g-import-not-at-top
+  from ctl.sweep import search
+  from ctl.sweep import trials as trials_lib
+  sweep, config_file = trials_lib.load_sweep(
+      str(V0_2_0 / 'experiments' / 'digits_search.py'))
+  assert sweep.search.num_trials == 12
+  search.check(sweep, config_file)  # Raises ConfigError naming a problem.
+
+
+def test_the_0_2_0_dashboard_check_finds_what_it_uses_of_ctl():
+  # experiments/dashboard_check.py is a tool (optuna-dashboard in a
+  # browser), not a project: what it calls of ctl must still be there.
+  # pylint: disable=g-import-not-at-top
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      'dashboard_check', V0_2_0 / 'experiments' / 'dashboard_check.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for name in ('import_optuna', 'open_storage'):
+    assert callable(getattr(module.studies, name))
+  assert callable(module.study_lib.storage_url)
 
 
 @pytest.mark.parametrize('name', [
@@ -153,60 +378,6 @@ def test_the_0_1_0_sweep_file_plans_its_trials(tmp_path):
     'classification_config', 'load'])
 def test_the_public_names_of_0_1_0_are_there(name):
   assert getattr(ctl, name) is not None
-
-
-PRE_0_2_0 = helpers.REPO / 'tests' / 'compat' / 'pre_0_2_0'
-# configs/digits_tfrecord.py's overrides of the fixture (README.md here).
-DIGITS_TFRECORD = ('--config=configs/digits_tfrecord.py:smoke',
-                   '--config.model.filters=4', '--config.model.width=8',
-                   '--config.intervals.keep_checkpoints=1',
-                   '--config.export.at_end=False', '--config.num_epochs=2')
-
-
-def _resume_0_2_0_global_order(workdir, shards, *args: str):
-  """`python -m ctl.main` resuming the workdir of the global order before 0.2.0
-  (copied to workdir) for one more epoch, on shards written at first use
-  (as ctl before 0.2.0 wrote them)."""
-  return subprocess.run(helpers.ctl_command(
-      *DIGITS_TFRECORD, f'--config.data.tfrecord.dir={shards}',
-      f'--workdir={workdir}', *args), env=helpers.env_with(),
-                        capture_output=True, text=True, timeout=600)
-
-
-def _copy_0_2_0(tmp_path) -> pathlib.Path:
-  workdir = tmp_path / 'digits_tfrecord'
-  shutil.copytree(PRE_0_2_0 / 'workdirs' / 'digits_tfrecord', workdir)
-  return workdir
-
-
-def test_a_0_2_0_workdir_of_the_global_order_resumes_in_one_partition(
-    tmp_path):
-  # the global order of ctl before 0.2.0 is today's with one partition, bit for bit.
-  workdir = _copy_0_2_0(tmp_path)
-  run = _resume_0_2_0_global_order(workdir, tmp_path / 'shards',
-                                   '--config.data.tfrecord.partitions=1')
-  assert run.returncode == 0, run.stderr[-3000:]
-  assert 'Training from step 44 to 88' in run.stderr
-  assert helpers.read_results(workdir)['step'] == 88
-
-
-def test_a_0_2_0_workdir_of_the_global_order_is_refused_in_partitions(
-    tmp_path):
-  workdir = _copy_0_2_0(tmp_path)
-  before = helpers.file_stamps(workdir)
-  run = _resume_0_2_0_global_order(workdir, tmp_path / 'shards')
-  assert run.returncode == 2, run.stderr[-3000:]
-  errors = [line for line in run.stderr.splitlines()
-            if line.startswith('ctl: error:')]
-  assert len(errors) == 1, run.stderr[-3000:]
-  assert ('was written by ctl before 0.2.0, whose global order of the '
-          'files is this one with 1 partition') in errors[0], errors[0]
-  assert 'Resume with partitions=1' in errors[0] and 'on 1 worker' in errors[0]
-  assert f'--config.init_from={workdir}/checkpoints' in errors[0]
-  assert helpers.file_stamps(workdir) == before
-
-
-V0_2_0 = helpers.REPO / 'tests' / 'compat' / 'v0_2_0'
 
 
 def test_a_0_2_0_study_is_joined_named_and_resumed_with_its_sweep_file(

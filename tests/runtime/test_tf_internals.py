@@ -316,3 +316,15 @@ def test_stateful_ops_lists_every_one_tensorflow_would_refuse():
     tf_internals.check_dataset_serializable(unsaved)
   assert tf_internals.stateful_ops(unsaved) == ['EagerPyFunc',
                                                 'RandomUniform']
+
+
+def test_op_determinism_turns_off_again():
+  # A warm process (ctl/warm.py) turns off what a run turned on.
+  before = tf_internals.op_determinism_enabled()
+  try:
+    tf_internals.set_op_determinism(True)
+    assert tf_internals.op_determinism_enabled()
+    tf_internals.set_op_determinism(False)
+    assert not tf_internals.op_determinism_enabled()
+  finally:
+    tf_internals.set_op_determinism(before)

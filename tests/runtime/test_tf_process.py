@@ -24,3 +24,20 @@ def test_exit_now_runs_the_exit_handlers_and_skips_the_shutdown():
                        timeout=300)
   assert run.returncode == 3, run.stderr[-3000:]
   assert run.stdout.splitlines() == ['exit handlers ran']
+
+
+_REGISTERS_THREE_TIMES = '''
+from ctl.runtime import tf_process
+tf_process._remove_orphaned_autograph_bytecode = (
+    lambda directory: print('cleaned', flush=True))
+for _ in range(3):  # A warm process's runs, each as ctl.main's.
+  tf_process.remove_autograph_bytecode_at_exit()
+'''
+
+
+def test_the_bytecode_cleanup_is_registered_once_for_many_runs():
+  run = subprocess.run([sys.executable, '-c', _REGISTERS_THREE_TIMES],
+                       env=helpers.env_with(), capture_output=True, text=True,
+                       timeout=120)
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.splitlines() == ['cleaned']

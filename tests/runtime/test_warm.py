@@ -1,0 +1,252 @@
+"""ctl/warm.py and fresh_state.py: commands run one after another in
+one process equal the same commands run each in a fresh process."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+
+from absl import logging
+import pytest
+
+import helpers
+from ctl.runtime import fresh_state
+from ctl import warm
+
+# A task that changes what a process shares: Keras's dtype policy and
+# epsilon, op determinism, the global seed, an environment variable.
+_CHANGES_THE_PROCESS = '''
+"""Trains a few steps after changing the process's global state."""
+import os
+import keras
+import numpy as np
+import tensorflow as tf
+import ctl
+
+
+def get_config():
+  """python -m ctl.main --config=changes.py --workdir=/tmp/ctl/changes"""
+  config = ctl.base_config()
+  config.task = 'changes:Changes'
+  config.batch_size = 32
+  config.num_epochs = 1
+  return config
+
+
+class Changes(ctl.Task):
+
+  def build(self):
+    keras.mixed_precision.set_global_policy('mixed_float16')
+    keras.config.set_epsilon(0.1)
+    tf.config.experimental.enable_op_determinism()
+    tf.random.set_seed(1234)
+    os.environ['CTL_TEST_CHANGED'] = '1'
+    self.model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    self.optimizer = keras.optimizers.SGD(0.1)
+    self.optimizer.build(self.model.trainable_variables)
+
+  def train_data(self, context):
+    rng = np.random.default_rng(0)
+    return ctl.InMemory((rng.normal(size=(64, 2)).astype(np.float32),
+                         rng.integers(0, 2, 64).astype(np.int32)))
+
+  def train_step(self, batch, ctx):
+    points, labels = batch
+    with tf.GradientTape() as tape:
+      logits = tf.cast(self.model(points, training=True), tf.float32)
+      loss = tf.nn.compute_average_loss(
+          keras.losses.sparse_categorical_crossentropy(
+              labels, logits, from_logits=True),
+          global_batch_size=ctx.global_batch_size)
+    variables = self.model.trainable_variables
+    self.optimizer.apply_gradients(zip(tape.gradient(loss, variables),
+                                       variables))
+    return {'loss': loss}
+'''
+
+# README's "a task of your own", whose layers take Keras's global policy.
+_CIRCLE = '''
+"""Tells 2-D points inside a circle from those outside it."""
+import keras
+import numpy as np
+import tensorflow as tf
+import ctl
+
+
+def get_config():
+  """python -m ctl.main --config=circle.py --workdir=/tmp/ctl/circle"""
+  config = ctl.base_config()
+  config.task = 'circle:Circle'
+  config.batch_size = 64
+  config.num_epochs = 1
+  config.deterministic = True
+  return config
+
+
+class Circle(ctl.Task):
+
+  def build(self):
+    self.model = keras.Sequential([keras.Input((2,)),
+                                   keras.layers.Dense(8, activation='relu'),
+                                   keras.layers.Dense(2)])
+    self.optimizer = keras.optimizers.Adam(1e-2)
+    self.optimizer.build(self.model.trainable_variables)
+
+  def train_data(self, context):
+    points = np.random.default_rng(0).uniform(-1, 1, (512, 2))
+    inside = (points**2).sum(axis=1) < 0.5
+    return ctl.InMemory((points.astype(np.float32), inside.astype(np.int32)))
+
+  def train_step(self, batch, ctx):
+    points, labels = batch
+    with tf.GradientTape() as tape:
+      logits = self.model(points, training=True)
+      per_example_loss = keras.losses.sparse_categorical_crossentropy(
+          labels, logits, from_logits=True)
+      loss = tf.nn.compute_average_loss(
+          per_example_loss, global_batch_size=ctx.global_batch_size)
+    variables = self.model.trainable_variables
+    self.optimizer.apply_gradients(zip(tape.gradient(loss, variables),
+                                       variables))
+    return {'loss': tf.reduce_mean(per_example_loss)}
+'''
+
+DIGITS = ('--config.deterministic=True', '--config.num_epochs=1',
+          '--config.model.filters=4', '--config.model.width=8',
+          '--config.export.at_end=False')
+
+
+def _write_project(tmp_path):
+  project = tmp_path / 'project'
+  project.mkdir()
+  (project / 'changes.py').write_text(textwrap.dedent(_CHANGES_THE_PROCESS))
+  (project / 'circle.py').write_text(textwrap.dedent(_CIRCLE))
+  return project
+
+
+def _sha256(workdir) -> str:
+  return helpers.read_results(workdir)['weights_sha256']
+
+
+def test_warm_runs_after_one_that_changed_the_process_equal_fresh_ones(
+    tmp_path):
+  project = _write_project(tmp_path)
+  digits = (f'--config={helpers.DIGITS}:smoke', *DIGITS)
+  fresh = [
+      helpers.run_ctl(*digits, f'--workdir={tmp_path / "fresh_digits"}'),
+      subprocess.run(helpers.ctl_command('--config=circle.py',
+                                         f'--workdir={tmp_path / "fresh_circle"}'),
+                     cwd=project, env=helpers.env_with(), capture_output=True,
+                     text=True, timeout=600)]
+  for run in fresh:
+    assert run.returncode == 0, run.stderr[-3000:]
+  process = warm.WarmProcess(env=helpers.env_with())
+  try:
+    answers = [
+        process.run(['--config=changes.py', f'--workdir={tmp_path / "changes"}'],
+                    tmp_path / 'changes.log', cwd=str(project)),
+        process.run([*digits, f'--workdir={tmp_path / "warm_digits"}'],
+                    tmp_path / 'digits.log'),
+        process.run(['--config=circle.py', f'--workdir={tmp_path / "warm_circle"}'],
+                    tmp_path / 'circle.log', cwd=str(project)),
+    ]
+  finally:
+    assert process.close() == 0
+  assert answers == [{'exit_code': 0}] * 3, [
+      (tmp_path / name).read_text()[-3000:]
+      for name in ('changes.log', 'digits.log', 'circle.log')]
+  assert _sha256(tmp_path / 'warm_digits') == _sha256(tmp_path / 'fresh_digits')
+  assert _sha256(tmp_path / 'warm_circle') == _sha256(tmp_path / 'fresh_circle')
+  # The run's whole output is in its log, TensorFlow's C++ lines included.
+  assert 'Final weights sha256' in (tmp_path / 'circle.log').read_text()
+
+
+def test_a_warm_process_refuses_what_needs_a_process_of_its_own(tmp_path):
+  process = warm.WarmProcess(env=helpers.env_with())
+  digits = (f'--config={helpers.DIGITS}:smoke', *DIGITS)
+  tf_config = json.dumps({'cluster': {'worker': ['localhost:1', 'localhost:2']},
+                          'task': {'type': 'worker', 'index': 0}})
+  try:
+    in_cluster = process.run([*digits, f'--workdir={tmp_path / "cluster"}'],
+                             tmp_path / 'cluster.log',
+                             env={'TF_CONFIG': tf_config})
+    two_devices = process.run([*digits, f'--workdir={tmp_path / "devices"}'],
+                              tmp_path / 'devices.log', cpu_devices=2)
+    misspelt = process.run([*digits, '--config.nmu_epochs=1',
+                            f'--workdir={tmp_path / "misspelt"}'],
+                           tmp_path / 'misspelt.log')
+  finally:
+    assert process.close() == 0
+  assert 'multi-worker run' in in_cluster['refused']
+  assert 'Run it in a fresh process' in in_cluster['refused']
+  assert '2 CPU device(s)' in two_devices['refused']
+  assert misspelt == {'exit_code': 2}
+  errors = [line for line in (tmp_path / 'misspelt.log').read_text()
+            .splitlines() if line.startswith('ctl: error:')]
+  assert len(errors) == 1 and 'nmu_epochs' in errors[0], errors
+  for name in ('cluster', 'devices', 'misspelt'):
+    assert not (tmp_path / name).exists()
+
+
+def test_what_a_run_changes_in_its_process_is_put_back(tmp_path):
+  # pylint: disable=g-import-not-at-top
+  import keras
+  import tensorflow as tf
+  from ctl.runtime import tf_internals
+  project = tmp_path / 'project'
+  (project / 'experiments').mkdir(parents=True)
+  (project / 'experiments' / '__init__.py').write_text('')
+  (project / 'experiments' / 'text.py').write_text('RELEASE = 1\n')
+  before = (os.getcwd(), list(sys.path), dict(os.environ),
+            signal.getsignal(signal.SIGTERM), keras.config.dtype_policy().name,
+            keras.config.epsilon(), tf_internals.op_determinism_enabled(),
+            list(logging.get_absl_handler().filters), random.getstate())
+  with fresh_state.restored_after():
+    os.chdir(project)
+    sys.path.insert(0, str(project))
+    os.environ['CTL_TEST_CHANGED'] = '1'
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    keras.mixed_precision.set_global_policy('mixed_float16')
+    keras.config.set_epsilon(0.1)
+    tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(3)
+    logging.get_absl_handler().addFilter(lambda record: True)
+    import experiments.text  # pylint: disable=unused-import
+  after = (os.getcwd(), list(sys.path), dict(os.environ),
+           signal.getsignal(signal.SIGTERM), keras.config.dtype_policy().name,
+           keras.config.epsilon(), tf_internals.op_determinism_enabled(),
+           list(logging.get_absl_handler().filters), random.getstate())
+  assert after == before
+  assert tf.compat.v1.get_seed(None) == (None, None)  # No global seed.
+  assert 'experiments.text' not in sys.modules
+  assert 'experiments' not in sys.modules
+
+
+@pytest.mark.parametrize('name, kept', [
+    ('json', True), ('numpy', True), ('ctl.warm', True),
+    ('helpers', False)])
+def test_the_modules_kept_are_ctl_s_and_the_installed_ones(name, kept):
+  roots = fresh_state._kept_roots()  # pylint: disable=protected-access
+  assert fresh_state._is_kept(sys.modules[name], roots) is kept  # pylint: disable=protected-access
+
+
+def test_a_command_s_overrides_do_not_reach_the_next(capsys):
+  # pylint: disable=g-import-not-at-top
+  from ctl import main
+  printed = []
+  for overrides in (['--config.batch_size=7'], [], ['--config.batch_size=9'],
+                    ['--config.batch_sise=7']):
+    with fresh_state.restored_after():
+      code = main.run_in_process(['ctl.main', f'--config={helpers.DIGITS}',
+                                  *overrides, '--print_config'])
+    output = capsys.readouterr()
+    printed.append((code, [line for line in output.out.splitlines()
+                           if line.startswith('batch_size =')],
+                    output.err.strip().splitlines()[-1:]))
+  assert printed[0] == (0, ['batch_size = 7  # default: 64'], [])
+  assert printed[1] == (0, ['batch_size = 32  # default: 64'], [])  # The file's.
+  assert printed[2] == (0, ['batch_size = 9  # default: 64'], [])
+  assert printed[3][0] == 2 and 'batch_sise' in printed[3][2][0], printed[3]
