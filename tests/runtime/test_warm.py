@@ -131,6 +131,7 @@ def _sha256(workdir) -> str:
   return helpers.read_results(workdir)['weights_sha256']
 
 
+@pytest.mark.slow  # Two fresh processes and a warm one of three runs.
 def test_warm_runs_after_one_that_changed_the_process_equal_fresh_ones(
     tmp_path):
   project = _write_project(tmp_path)
