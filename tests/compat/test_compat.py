@@ -197,6 +197,7 @@ TRAINED_TO = {  # Steps of each run that trains (its overrides').
 }
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 @pytest.mark.parametrize('name', sorted(TRAINED_TO))
 def test_each_release_s_project_trains(release, name):
   results = release[name].results()
@@ -208,10 +209,12 @@ def test_each_release_s_project_trains(release, name):
     ('readme_my_task', 0.8),
     # One epoch of a linear model at the digits' learning rate: above chance.
     ('readme_keras_model', 0.15), ('readme_my_model_and_data', 0.15)])
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_readme_s_projects_learn(release, name, accuracy):
   assert release[name].results()['eval']['accuracy'] > accuracy
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_a_task_with_the_0_1_0_eval_end_trains_warned_once(release_0_1_0):
   # experiments/regression.py of 0.1.0: eval_end(self, name, outputs), a
   # config built on ctl's config_lib.base_config(); exported at the end,
@@ -227,6 +230,7 @@ def test_a_task_with_the_0_1_0_eval_end_trains_warned_once(release_0_1_0):
   assert (outcome.workdir / 'export' / 'export.json').exists()
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_a_0_1_0_eval_end_is_not_called_without_per_example_outputs(
     release_0_1_0):
   # user/scalar_eval.py: a 0.1.0 task whose eval_step returns scalars only,
@@ -237,6 +241,7 @@ def test_a_0_1_0_eval_end_is_not_called_without_per_example_outputs(
   assert 'mae' in results['eval'] and 'r2' not in results['eval']
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_the_0_1_0_tfrecord_config_trains_in_the_global_order_warned(
     release_0_1_0):
   # configs/digits_tfrecord.py of 0.1.0 has no data.tfrecord.order nor
@@ -250,6 +255,7 @@ def test_the_0_1_0_tfrecord_config_trains_in_the_global_order_warned(
           '--config.data.tfrecord.order=by_file' in warned[0]), warned[0]
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_the_0_2_0_tfrecord_config_trains_unwarned(release_0_2_0):
   outcome = release_0_2_0['digits_tfrecord']
   assert outcome.results()['step'] == 44
@@ -271,6 +277,7 @@ def test_the_0_1_0_order_of_files_is_an_override_as_changelog_says(
   assert config.data[section].partitions == 0
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_a_workdir_of_0_1_0_resumes(release_0_1_0):
   # Its checkpoint lacks what 0.2.0 added (the workers' count, the
   # actions' states): they start at their initial values.
@@ -289,6 +296,7 @@ def _assert_refused(outcome: Outcome, exit_code: int) -> str:
   return errors[0]
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_a_0_1_0_workdir_of_a_tf_data_pipeline_is_refused_at_start(
     release_0_1_0):
   # experiments/text.py of 0.1.0 reads a tf.data pipeline, whose saved
@@ -299,6 +307,7 @@ def test_a_0_1_0_workdir_of_a_tf_data_pipeline_is_refused_at_start(
   assert f'--config.init_from={outcome.workdir}/checkpoints' in error
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_a_0_2_0_workdir_of_the_global_order_resumes_in_one_partition(
     release_0_2_0):
   # the global order of ctl before 0.2.0 is today's with one partition, bit for bit.
@@ -307,6 +316,7 @@ def test_a_0_2_0_workdir_of_the_global_order_resumes_in_one_partition(
   assert 'Training from step 44 to 88' in outcome.log
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_a_0_2_0_workdir_of_the_global_order_is_refused_in_partitions(
     release_0_2_0):
   outcome = release_0_2_0['global_order_in_partitions']
@@ -319,16 +329,19 @@ def test_a_0_2_0_workdir_of_the_global_order_is_refused_in_partitions(
 
 @pytest.mark.parametrize('name', ['finetune_pretrain', 'finetune',
                                   'mixed_precision', 'readme_loss_file'])
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_the_0_2_0_projects_train(release_0_2_0, name):
   results = release_0_2_0[name].results()
   assert results['step'] > 0 and results['eval'], results
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_the_0_2_0_finetune_starts_from_the_pretrained_backbone(
     release_0_2_0):
   assert 'finetune_pretrain' in release_0_2_0['finetune'].log
 
 
+@pytest.mark.slow  # The release's warm process (a few minutes).
 def test_the_0_2_0_readme_action_appends_its_loss_file(release_0_2_0):
   outcome = release_0_2_0['readme_loss_file']
   steps = [int(line.split()[0]) for line in
