@@ -5,6 +5,7 @@ what its failures mean for the user is said by failures.py.
 """
 
 from collections.abc import Callable
+import contextlib
 
 from absl import logging
 import ml_collections
@@ -70,7 +71,7 @@ def train_and_evaluate(
       workdir, enabled=task_info.is_chief) as workdir_lock, (
           status.recording()), diagnostics.DumpOnSignal(status):
     try:
-      with watchdog:
+      with watchdog or contextlib.nullcontext():
         trainer = trainer_lib.Trainer(
             config, workdir, strategy=strategy, task_info=task_info,
             task_class=task_class, stop_signal=stop_signal, started=started,
@@ -122,13 +123,19 @@ def _log_place_in_cluster(task_info: distribution.Role,
 def _watchdog_and_status(
     config: ml_collections.ConfigDict, workdir: str,
     task_info: distribution.Role
-) -> tuple[watchdog_lib.Watchdog, worker_status.WorkerStatus, list[str]]:
-  """What watches a training task: its watchdog, its worker status, and
-  the list where the watchdog's diagnostics dump goes when it aborts."""
+) -> tuple[watchdog_lib.Watchdog | None, worker_status.WorkerStatus,
+           list[str]]:
+  """What watches a training task: its watchdog (None for a job of one
+  worker, which waits on no peer), its worker status, and the list where
+  the watchdog's diagnostics dump goes when it aborts."""
   timeout_seconds = config.distribution.timeout_seconds
+  if task_info.num_workers == 1:
+    # Nothing to bound, compare or time against peers: the status file is
+    # written by the training thread itself (ctl/cluster/worker_status.py).
+    return None, worker_status.WorkerStatus(
+        workdir, timeout_seconds=timeout_seconds), []
   # Bounds every wait for a peer while the task is built and trained.
-  watchdog = watchdog_lib.Watchdog(timeout_seconds,
-                                   enabled=task_info.num_workers > 1)
+  watchdog = watchdog_lib.Watchdog(timeout_seconds)
   status = worker_status.WorkerStatus(
       workdir, worker_index=task_info.worker_index,
       num_workers=task_info.num_workers, timeout_seconds=timeout_seconds,

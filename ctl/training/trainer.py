@@ -61,9 +61,8 @@ class Trainer:
     """Args as named.
 
     Args:
-      watchdog: bounds each wait for a peer (multi-worker; see
-        ctl/cluster/watchdog.py): told of each step, loop, action and
-        evaluation batch. None for none.
+      watchdog: bounds each wait for a peer (ctl/cluster/watchdog.py), told
+        of each step, loop, action and evaluation batch; None for one worker.
       status: this worker's status file (ctl/cluster/worker_status.py);
         None for none.
     """
@@ -74,7 +73,7 @@ class Trainer:
     self.stop_signal = stop_signal
     self.workdir_lock = workdir_lock
     self.started = started
-    self.watchdog = watchdog or watchdog_lib.Watchdog(0)
+    self.watchdog = watchdog
     self.status = status or worker_status.WorkerStatus(None)
     assembled = assemble_lib.assemble(config, strategy, task_info, task_class,
                                       self.watchdog)
@@ -113,7 +112,7 @@ class Trainer:
         task=self.task, in_memory=in_memory)
     logging.info('XLA compiles: %s (config.jit_compile=%r)', self.jit_compile,
                  config.jit_compile)
-    with self.watchdog.paused():  # Reading data waits on no peer.
+    with assemble_lib.paused(self.watchdog):  # Reading data waits on no peer.
       self.train_input = inputs.train_input(
           self.strategy, assembled.train_data, seed=config.seed,
           length=self.length,
@@ -158,7 +157,8 @@ class Trainer:
     self.checkpoint.data.check_savable(self.train_input.dataset)
     restored = self.checkpoint.restore_latest(self.length.steps_per_epoch)
     if restored:
-      self.watchdog.beat()
+      if self.watchdog:
+        self.watchdog.beat()
       if restored.stopped:  # An action stopped it here; killed before the end.
         self._stopped = loop_lib.Stopped(restored.step, restored.stopped)
     elif self.config.init_from:
@@ -210,7 +210,8 @@ class Trainer:
         summary_steps=self.config.intervals.summary_steps,
         autograph=self.config.autograph,
         accumulate_steps=self.config.accumulate_steps,
-        train_metrics=train_metrics, steps_done=self.watchdog.steps,
+        train_metrics=train_metrics,
+        steps_done=self.watchdog.steps if self.watchdog else None,
         input_wait=self.status.input_wait)
 
   def train(self) -> loop_lib.Stopped | None:
