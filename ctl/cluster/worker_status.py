@@ -18,7 +18,7 @@ only sets fields, so a slow store never slows a step, and a worker hung
 inside a collective still rewrites its file: `time` stays fresh while
 `progress_time` (the watchdog's last step or beat) ages. A job of one
 worker has no peer to wait on: its training thread writes the file at the
-same moments (reports and loops at most every OWN_WRITE_SECONDS), with no
+same moments (reports and loops at most once a second), with no
 heartbeat (`heartbeat_seconds` null): its `time` is its progress.
 
 Each report holds the seconds this worker spent since the previous one in
@@ -60,9 +60,10 @@ RUNNING, FINISHED, STOPPED, FAILED = 'running', 'finished', 'stopped', 'failed'
 REPORTS_KEPT = 32
 
 # The longest time between two writes of a live worker of several; the
-# shortest between two of one worker after its loops and reports (written on
-# its training thread: a write to gs:// takes about 0.3 s).
-MAX_HEARTBEAT_SECONDS = OWN_WRITE_SECONDS = 10.0
+# shortest between two of one worker after its loops and reports, written
+# on its training thread, on remote storage (a write to gs:// takes about
+# 0.3 s; MIN_WRITE_SECONDS on local storage).
+MAX_HEARTBEAT_SECONDS = REMOTE_OWN_WRITE_SECONDS = 10.0
 
 # The phases of a loop of steps (the others are actions).
 LOOP_PHASES = ('first step', 'training')
@@ -93,11 +94,8 @@ def heartbeat_seconds(timeout_seconds: float) -> float:
 
 
 class WorkerStatus:
-  """This worker's status file, kept current as the worker goes.
-
-  Made before training, written from `start()` (a run that fails its
-  checks at start writes nothing); with workdir None it only times phases.
-  """
+  """This worker's status file, written from `start()` (a run that fails
+  its checks at start writes nothing); with workdir None it only times."""
 
   def __init__(self, workdir: str | None, *, worker_index: int = 0,
                num_workers: int = 1, timeout_seconds: float = 0.0,
@@ -108,11 +106,10 @@ class WorkerStatus:
     Args:
       progress_age: seconds since this worker last made progress (the
         watchdog's seconds_since_progress).
-      on_report: the chief's look at every worker's file, called on the
-        writer thread after each report's write (a
-        ctl.cluster.worker_timings.WorkerTimings: the straggler check, the
-        per-worker timings); its timings gathered so far go on each
-        report's event.
+      on_report: the chief's look at every worker's file, on the writer
+        thread after each report's write (a worker_timings.WorkerTimings:
+        the straggler check, the per-worker timings); its timings gathered
+        so far go on each report's event.
     """
     self.workdir = workdir
     self.path = (workdir_lib.worker_status_path(workdir, worker_index)
@@ -125,6 +122,8 @@ class WorkerStatus:
     self._stalled_before = 0.0  # Its seconds at the last report.
     self._threaded = num_workers > 1
     self._last_write = None  # When the training thread wrote (one worker).
+    self._own_write_seconds = (MIN_WRITE_SECONDS if storage.is_local(
+        workdir or '') else REMOTE_OWN_WRITE_SECONDS)
     self._folder_made = False
     self._fields = {
         'worker': worker_index, 'num_workers': num_workers,
@@ -198,7 +197,7 @@ class WorkerStatus:
       if name == 'training':
         self._sample(wall, cpu)
         if first_loop or not self._threaded:
-          self._write_soon(0.0 if first_loop else OWN_WRITE_SECONDS)
+          self._write_soon(0.0 if first_loop else self._own_write_seconds)
 
   def _set_phase(self, name: str) -> None:
     """The phase now, and since when (under the lock)."""
@@ -250,7 +249,7 @@ class WorkerStatus:
                       for name, value in self._seconds.items()}})
       self._seconds.clear()
       self._reported = True
-    self._write_soon(OWN_WRITE_SECONDS)
+    self._write_soon(self._own_write_seconds)
     if self._on_report is not None:  # For metrics.csv, after this action.
       event.worker_timings = self._on_report.take()
 
@@ -333,8 +332,7 @@ class WorkerStatus:
       self._write()
 
   def _write(self) -> bool:
-    """Writes the file now; whether it could (never fatal: training goes on
-    without its status file)."""
+    """Writes the file now (never fatal); whether it could."""
     self._last_write = time.monotonic()
     try:
       if not self._folder_made:
