@@ -272,14 +272,15 @@ class TrainingEvaluation(actions_lib.Action):
     # and take part in the save.
     if self.best.improves(self.last):
       self._checkpoint.check_workdir()  # Before writing into it.
-      self.best.keep(step, self.last, self._checkpoint.model.write_copy,
-                      wait=self._checkpoint.model.wait)
+      self.best.keep(step, self.last,
+                     self._checkpoint.checkpointer.write_copy,
+                     wait=self._checkpoint.checkpointer.wait)
     return self.last
 
   def close(self) -> None:
     """Closes the writers; records a best still being written, once it is."""
     self._evaluator.close()
-    self._checkpoint.model.wait()
+    self._checkpoint.checkpointer.wait()
     self.best.finish()
 
 

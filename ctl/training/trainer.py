@@ -186,7 +186,7 @@ class Trainer:
       workdir_lib.prepare(self.workdir)
       self.workdir_lock.acquire()  # A workdir that did not exist before.
       workdir_lib.remove_leftovers(self.workdir)
-      self.checkpoint.model.remove_leftovers()
+      self.checkpoint.checkpointer.remove_leftovers()
       self.evaluation.best.repair()
       workdir_lib.save_config(self.workdir, self.config)
     return None
@@ -292,20 +292,20 @@ class Trainer:
         *(action for action in self.task_actions if action not in first),
     ]
 
-  def run(self) -> dict:
-    """restore_or_start, train and finish."""
+  def run(self) -> tuple[dict, bool]:
+    """restore_or_start, train, finish: (results, False if done before)."""
     results = self.restore_or_start()
     if results is not None:
       for action in self.task_actions:  # Only a run's end sends them.
         if isinstance(action, mlflow_logger.MlflowLogger):
           action.send_left_over()
-      return {**results, 'finished_now': False}
+      return results, False
     try:
       outcome = self.train()
     except BaseException:
       self._close()
       raise
-    return {**self.finish(outcome), 'finished_now': True}
+    return self.finish(outcome), True
 
   def _close(self) -> None:
     """Closes the eval writers and waits for every checkpoint write: what
@@ -314,7 +314,7 @@ class Trainer:
     try:
       self.evaluation.close()
     finally:
-      self.checkpoint.model.wait()
+      self.checkpoint.checkpointer.wait()
 
   def finish(self, outcome: loop_lib.Stopped | None) -> dict:
     """The final evaluation (unless the last loop evaluated), then the
