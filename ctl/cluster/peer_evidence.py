@@ -1,6 +1,7 @@
-"""Which peers stopped making progress, named only on evidence about each
-(its own status file, or this machine's view of its process): what a
-worker's `ctl: error:` line and its diagnostics dumps say of the others."""
+"""The peers' status files read, and which peers stopped making progress,
+named only on evidence about each (its own status file, or this machine's
+view of its process): what a worker's `ctl: error:` line and its
+diagnostics dumps say of the others."""
 
 import time
 
