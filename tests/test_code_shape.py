@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import helpers
 
 PACKAGE = helpers.REPO / 'ctl'
@@ -99,6 +101,7 @@ runpy.run_module('ctl.main', run_name='__main__', alter_sys=True)
 '''
 
 
+@pytest.mark.slow
 def test_the_default_run_runs_few_modules_before_its_first_save(tmp_path):
   modules_file = tmp_path / 'modules.json'
   process = subprocess.run(

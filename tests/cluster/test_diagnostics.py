@@ -5,7 +5,8 @@ named input-bound; each dumps on SIGUSR1 and trains on, then worker 1 is
 stopped for good (SIGSTOP): the others name it alone, in their dumps and
 their error lines; a worker stopped half the time is named as the
 straggler whatever the report interval; ctl.status reads the workdir
-throughout.
+throughout. A job of one worker dumps on SIGUSR1 too, with no watchdog or
+status thread.
 """
 
 import json
@@ -81,6 +82,7 @@ def wait_for_dump(workdir, worker: helpers.Watched, index: int,
   return dump
 
 
+@pytest.mark.slow
 def test_one_worker_dumps_on_sigusr1_with_no_watchdog_or_status_thread(
     tmp_path):
   # A job of one worker waits on no peer: no watchdog and no status
