@@ -277,7 +277,7 @@ WALK = [
      'TrainLoop('),
     ('TrainLoop.run', 'ctl/training/loop.py', 'TrainLoop.run', '_train('),
     ('TrainingCheckpoint.save', 'ctl/checkpoints/manager.py',
-     'TrainingCheckpoint.save', 'self.model.save('),
+     'TrainingCheckpoint.save', 'self.checkpointer.save('),
     ('Trainer.finish', 'ctl/training/trainer.py', 'Trainer.finish',
      'results_path('),
 ]

@@ -73,6 +73,8 @@ def test_a_finished_run_without_tensorflow(finished):
   assert re.search(r'worker 0 \S+ pid \d+: finished, finished, step 88',
                    shown)
   assert 'unreadable' not in shown
+  # One worker: written by its training thread, without a heartbeat.
+  assert _worker_file(finished)['heartbeat_seconds'] is None
   # And in this process: render() imports no TensorFlow either.
   check = subprocess.run(
       [sys.executable, '-c', 'import sys; from ctl import status; '
@@ -220,6 +222,17 @@ def test_each_worker_judged_by_the_evidence(finished, tmp_path):
            progress_time=time.time() - 100)
   assert re.search(r'HUNG: worker 0 \(elsewhere, pid \d+\) is stalled: '
                    r'it made no progress for 0:01:4\d, over its timeout of 60',
+                   answer(workdir))
+  # One worker's file, written by its training thread, has no heartbeat:
+  # a file 100 s old is its progress, judged by its timeout alone.
+  _running(workdir, host='elsewhere', heartbeat_seconds=None,
+           timeout_seconds=600, time=time.time() - 100,
+           progress_time=time.time() - 100)
+  assert f'{workdir}: RUNNING: training' in answer(workdir)
+  _running(workdir, host='elsewhere', heartbeat_seconds=None,
+           timeout_seconds=60, time=time.time() - 100,
+           progress_time=time.time() - 100)
+  assert re.search(r'HUNG: worker 0 \(elsewhere, pid \d+\) is stalled: ',
                    answer(workdir))
 
 

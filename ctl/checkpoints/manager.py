@@ -265,21 +265,23 @@ class TrainingCheckpoint(actions_lib.Action):
   name = 'checkpoint'
   on_every_worker = True
 
-  def __init__(self, model: Checkpointer, data: data_positions.DataPositions,
+  def __init__(self, checkpointer: Checkpointer,
+               data: data_positions.DataPositions,
                states: actions_lib.ActionStates, *, task, state,
                when: actions_lib.When, workdir: str,
                workdir_lock: workdir_lib.Lock):
     """Args as named.
 
     Args:
-      model: the checkpoint of the task's variables and `state`.
-      states: the variable in `model`'s checkpoint holding the actions'.
+      checkpointer: the checkpoint of the task's variables and `state`.
+      states: the variable in its checkpoint holding the actions'.
       task: the ctl.Task whose weights restore_weights puts back.
       state: the TrainState (step, epoch), checked on restore.
       workdir_lock: the lock of `workdir`; a save into a workdir that
         vanished (the lock lost) fails.
     """
-    self.model, self.data, self._states = model, data, states
+    self.checkpointer, self.data = checkpointer, data
+    self._states = states
     self._actions = []  # Those whose states it saves (track).
     self._task, self._state = task, state
     self.when = when
@@ -294,7 +296,7 @@ class TrainingCheckpoint(actions_lib.Action):
       CtlError: it, or its data position, does not fit (see Checkpointer
         and DataPositions): nothing was written.
     """
-    if not self.model.restore_latest():
+    if not self.checkpointer.restore_latest():
       return None
     self._state.check_resumable(steps_per_epoch)
     step = int(self._state.step.numpy())
@@ -317,13 +319,13 @@ class TrainingCheckpoint(actions_lib.Action):
     self.check_workdir()
     self._states.capture(self._actions, stopped)
     self.data.save(step)
-    self.model.save(step)
+    self.checkpointer.save(step)
 
   def restore_weights(self) -> int:
     """Puts back the task's variables from the latest checkpoint, not the
     step or the data position (a rollback); returns its step."""
-    self.model.wait()
-    path = self.model.latest
+    self.checkpointer.wait()
+    path = self.checkpointer.latest
     if path is None:
       raise errors.CtlError(
           'The training loss diverged before the first checkpoint: there is '

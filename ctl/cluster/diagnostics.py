@@ -56,16 +56,16 @@ def render(status: worker_status.WorkerStatus, mine: dict, why: str,
            error: BaseException | None) -> str:
   """The dump's text."""
   now = time.time()
-  peers = worker_status.read_peers(status.workdir, mine['num_workers'])
+  peers = peer_evidence.read_peers(status.workdir, mine['num_workers'])
   peers[status.worker_index] = mine
   lines = [
       f'ctl diagnostics of worker {mine["worker"]} of {mine["num_workers"]} '
       f'(host {mine["host"]}, pid {mine["pid"]}) at '
       f'{time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))}: {why}',
-      f'This worker: {worker_status.describe(mine, now)}', '',
+      f'This worker: {peer_evidence.describe(mine, now)}', '',
       'Every worker\'s last status (workdir/workers/):']
   for index, peer in sorted(peers.items()):
-    lines.append('  ' + (worker_status.describe(peer, now) if peer else
+    lines.append('  ' + (peer_evidence.describe(peer, now) if peer else
                          f'worker {index}: no status file'))
   stalled = peer_evidence.stalled_peers(peers, status.worker_index, now)
   lines += ['', 'Stopped making progress: ' +

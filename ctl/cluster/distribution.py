@@ -128,7 +128,9 @@ def _read_cluster(
   if resolver == 'auto':
     if 'TF_CONFIG' in os.environ:
       resolver = 'tf_config'
-    elif slurm.started_by_srun(os.environ):
+    # srun gives each task its SLURM_PROCID: without it, no Slurm job step
+    # to read (a one-device run asks nothing more of ctl/cluster/slurm.py).
+    elif 'SLURM_PROCID' in os.environ and slurm.started_by_srun(os.environ):
       resolver = 'slurm'
     else:
       return None

@@ -1,12 +1,15 @@
-"""Which peers stopped making progress, named only on evidence about each
-(its own status file, or this machine's view of its process): what a
-worker's `ctl: error:` line and its diagnostics dumps say of the others."""
+"""The peers' status files read, and which peers stopped making progress,
+named only on evidence about each (its own status file, or this machine's
+view of its process): what a worker's `ctl: error:` line and its
+diagnostics dumps say of the others."""
 
 import time
 
 from ctl import errors
+from ctl import storage
 from ctl.cluster import worker_status
 from ctl.runtime import processes
+from ctl.runtime import workdir as workdir_lib
 
 
 def stalled_peers(peers: dict[int, dict | None], me: int,
@@ -45,7 +48,7 @@ def stalled_peers(peers: dict[int, dict | None], me: int,
       continue
     why = _evidence(status, my_phase, now)
     if why:
-      named.append(f'{worker_status.describe(status, now)}: {why}')
+      named.append(f'{describe(status, now)}: {why}')
   return named
 
 
@@ -92,14 +95,14 @@ def gone_here(status: worker_status.WorkerStatus) -> str | None:
   phase is written at once, after the cluster formed)."""
   mine = status.snapshot()
   now = time.time()
-  peers = worker_status.read_peers(status.workdir, mine['num_workers'])
+  peers = read_peers(status.workdir, mine['num_workers'])
   for index, peer in sorted(peers.items()):
     if (index != status.worker_index and peer is not None and
         peer['state'] == worker_status.RUNNING and
         peer['time'] >= mine['started'] and
         processes.state(peer.get('host'), peer['pid'],
                         peer.get('started')) == processes.GONE):
-      return f'{worker_status.describe(peer, now)}: its process is gone'
+      return f'{describe(peer, now)}: its process is gone'
   return None
 
 
@@ -115,7 +118,7 @@ def read_and_wait_for_evidence(status: worker_status.WorkerStatus) -> list[str]:
   while True:
     now = time.time()
     mine = status.snapshot()
-    peers = worker_status.read_peers(status.workdir, mine['num_workers'])
+    peers = read_peers(status.workdir, mine['num_workers'])
     peers[status.worker_index] = mine
     stalled = stalled_peers(peers, status.worker_index, now)
     undecided = [peer for index, peer in peers.items()
@@ -124,3 +127,26 @@ def read_and_wait_for_evidence(status: worker_status.WorkerStatus) -> list[str]:
     if stalled or not undecided or now > deadline:
       return stalled
     time.sleep(0.2)
+
+
+def read_peers(workdir: str, num_workers: int) -> dict[int, dict | None]:
+  """{worker index: its status, or None without one} for the job's
+  workers."""
+  found = {}
+  for index in range(num_workers):
+    try:
+      found[index] = storage.read_json(
+          workdir_lib.worker_status_path(workdir, index))
+    except Exception:  # pylint: disable=broad-except
+      found[index] = None
+  return found
+
+
+def describe(status: dict, now: float) -> str:
+  """One worker's status in a few words: where it was and when."""
+  step = status.get('step')
+  return (f'worker {status["worker"]} ({status["host"]}, pid '
+          f'{status["pid"]}): {status["state"]}, phase {status["phase"]}, '
+          f'step {"?" if step is None else step}, status '
+          f'{now - status["time"]:.0f} s old, last progress '
+          f'{now - status["progress_time"]:.0f} s ago')

@@ -59,8 +59,9 @@ _ASK_GONE_AFTER_SECONDS = 2.0
 class Watchdog:
   """Aborts this worker's collectives after timeout_seconds without progress.
 
-  Use it as a context (the thread runs inside it). Disabled (timeout 0, or
-  a job of one worker), it does nothing and has no `steps`.
+  Use it as a context (the thread runs inside it). Disabled (timeout 0),
+  it does nothing and has no `steps`. A job of one worker has none
+  (ctl/training/run.py): it waits on no peer.
   """
 
   def __init__(self, timeout_seconds: float, enabled: bool = True,

@@ -10,14 +10,16 @@ is written by its worker alone, through ctl/storage.py (so gs:// works
 too), and read by the others only when they need it: at a hang, at a
 report and after a loop (stragglers), and by ctl.status.
 
-A background thread writes it: when training starts, at each report (the
-`worker-status` action, after the log line), when an evaluation or a
-checkpoint begins, every `heartbeat_seconds`, and when the run ends (its
-state, reason and exit code). The training thread only sets fields, so a
-slow store never slows a step, and a worker hung inside a collective still
-rewrites its file: `time` stays fresh while `progress_time` (the
-watchdog's last step or beat) ages. A stopped or dead worker's file stops
-changing altogether.
+In a job of several workers a background thread writes it: when training
+starts, at each report (the `worker-status` action, after the log line),
+when an evaluation or a checkpoint begins, every `heartbeat_seconds`, and
+when the run ends (its state, reason and exit code). The training thread
+only sets fields, so a slow store never slows a step, and a worker hung
+inside a collective still rewrites its file: `time` stays fresh while
+`progress_time` (the watchdog's last step or beat) ages. A job of one
+worker has no peer to wait on: its training thread writes the file at the
+same moments (reports and loops at most once a second), with no
+heartbeat (`heartbeat_seconds` null): its `time` is its progress.
 
 Each report holds the seconds this worker spent since the previous one in
 each phase: 'training' (its loops of steps, wall time), 'training_cpu'
@@ -53,12 +55,15 @@ from ctl.runtime import workdir as workdir_lib
 RUNNING, FINISHED, STOPPED, FAILED = 'running', 'finished', 'stopped', 'failed'
 
 # Reports kept in the file: enough for the chief to see each report of
-# every worker (ctl/cluster/worker_timings.py) across files written up to
+# every worker (ctl/cluster/worker_timings.py) across files written
 # MIN_WRITE_SECONDS apart, with reports 10 times a second.
 REPORTS_KEPT = 32
 
-# The longest time between two writes of a live worker.
-MAX_HEARTBEAT_SECONDS = 10.0
+# The longest time between two writes of a live worker of several; the
+# shortest between two of one worker after its loops and reports, written
+# on its training thread, on remote storage (a write to gs:// takes about
+# 0.3 s; MIN_WRITE_SECONDS on local storage).
+MAX_HEARTBEAT_SECONDS = REMOTE_OWN_WRITE_SECONDS = 10.0
 
 # The phases of a loop of steps (the others are actions).
 LOOP_PHASES = ('first step', 'training')
@@ -76,8 +81,7 @@ MIN_WRITE_SECONDS = 1.0
 SAMPLE_SECONDS = 0.5
 SAMPLES_KEPT = 32
 
-# How long the end of a run waits for its last write (a store that does not
-# answer must not hold the exit).
+# How long a run's end waits for its last write (a hung store holds no exit).
 _FINAL_WRITE_SECONDS = 10.0
 
 
@@ -90,28 +94,22 @@ def heartbeat_seconds(timeout_seconds: float) -> float:
 
 
 class WorkerStatus:
-  """This worker's status file, kept current by a background thread.
-
-  Made before training; nothing is written before `start()` (a run that
-  fails its checks at start writes nothing). With workdir None it only
-  times phases.
-  """
+  """This worker's status file, written from `start()` (a run that fails
+  its checks at start writes nothing); with workdir None it only times."""
 
   def __init__(self, workdir: str | None, *, worker_index: int = 0,
                num_workers: int = 1, timeout_seconds: float = 0.0,
                progress_age: Callable[[], float] = lambda: 0.0,
-               on_report=None,
-               input_wait=None):
+               on_report=None, input_wait=None):
     """Args as named.
 
     Args:
       progress_age: seconds since this worker last made progress (the
         watchdog's seconds_since_progress).
-      on_report: the chief's look at every worker's file, called on the
-        writer thread after each report's write (a
-        ctl.cluster.worker_timings.WorkerTimings: the straggler check, the
-        per-worker timings); its timings gathered so far go on each
-        report's event.
+      on_report: the chief's look at every worker's file, on the writer
+        thread after each report's write (a worker_timings.WorkerTimings:
+        the straggler check, the per-worker timings); its timings gathered
+        so far go on each report's event.
     """
     self.workdir = workdir
     self.path = (workdir_lib.worker_status_path(workdir, worker_index)
@@ -122,11 +120,17 @@ class WorkerStatus:
     self._reported = False  # A report waits for the writer thread.
     self._stalls = None  # The StallMeter, once training starts.
     self._stalled_before = 0.0  # Its seconds at the last report.
+    self._threaded = num_workers > 1
+    self._last_write = None  # When the training thread wrote (one worker).
+    self._own_write_seconds = (MIN_WRITE_SECONDS if storage.is_local(
+        workdir or '') else REMOTE_OWN_WRITE_SECONDS)
+    self._folder_made = False
     self._fields = {
         'worker': worker_index, 'num_workers': num_workers,
         'host': socket.gethostname(), 'pid': os.getpid(),
         'timeout_seconds': timeout_seconds,
-        'heartbeat_seconds': heartbeat_seconds(timeout_seconds),
+        'heartbeat_seconds': (heartbeat_seconds(timeout_seconds)
+                              if self._threaded else None),
         'started': time.time(), 'state': RUNNING, 'phase': 'start-up',
         'phase_time': time.time(),
         'step': None, 'reason': None, 'exit_code': None,
@@ -147,7 +151,7 @@ class WorkerStatus:
 
   @property
   def started(self) -> bool:
-    return self._thread is not None
+    return self._thread is not None or self._last_write is not None
 
   def start(self, *, step: int, total_steps: int, steps_per_epoch: int,
             num_epochs: int) -> None:
@@ -156,7 +160,10 @@ class WorkerStatus:
       self._fields.update(step=step, total_steps=total_steps,
                           steps_per_epoch=steps_per_epoch,
                           num_epochs=num_epochs, phase='first step')
-    if self.path is None or self._thread is not None:
+    if self.path is None or self.started:
+      return
+    if not self._threaded:
+      self._write()
       return
     self._wake.set()  # The first write at once.
     self._stalls = stall_meter.StallMeter()
@@ -172,7 +179,7 @@ class WorkerStatus:
       if not (name == 'training' and self._fields['phase'] == 'first step'):
         self._set_phase(name)
     if name in _WRITTEN_PHASES and name != 'training':
-      self._wake.set()
+      self._write_soon(MIN_WRITE_SECONDS)
     wall, cpu = time.monotonic(), time.process_time()
     try:
       yield
@@ -182,13 +189,15 @@ class WorkerStatus:
         self._seconds[name] += wall
         if name == 'training':
           self._seconds['training_cpu'] += cpu
-          if self._fields['phase'] == 'first step':
+          first_loop = self._fields['phase'] == 'first step'
+          if first_loop:
             self._set_phase('training')
-            self._wake.set()
         if step is not None:
           self._fields['step'] = step
       if name == 'training':
         self._sample(wall, cpu)
+        if first_loop or not self._threaded:
+          self._write_soon(0.0 if first_loop else self._own_write_seconds)
 
   def _set_phase(self, name: str) -> None:
     """The phase now, and since when (under the lock)."""
@@ -240,7 +249,7 @@ class WorkerStatus:
                       for name, value in self._seconds.items()}})
       self._seconds.clear()
       self._reported = True
-    self._wake.set()
+    self._write_soon(self._own_write_seconds)
     if self._on_report is not None:  # For metrics.csv, after this action.
       event.worker_timings = self._on_report.take()
 
@@ -253,6 +262,8 @@ class WorkerStatus:
       self._fields.update(state=state, reason=reason, exit_code=exit_code)
       self._set_phase(state)
     if self._thread is None:
+      if self._last_write is not None:  # One worker: its last write.
+        self._write()
       return
     self._ended.set()
     self._wake.set()
@@ -298,7 +309,6 @@ class WorkerStatus:
     once a `MIN_WRITE_SECONDS`, and last the end."""
     heartbeat = self._fields['heartbeat_seconds']
     pause = min(MIN_WRITE_SECONDS, heartbeat / 2)
-    folder_made = False
     while True:
       self._wake.wait(heartbeat)
       self._wake.clear()
@@ -306,41 +316,33 @@ class WorkerStatus:
       ended = self._ended.is_set()
       with self._lock:
         reported, self._reported = self._reported, False
-      try:
-        if not folder_made:
-          storage.makedirs(os.path.dirname(self.path))
-          folder_made = True
-        storage.write_json(self.path, self.snapshot())
-        if reported and self._on_report:
-          self._on_report()
-      except Exception as error:  # pylint: disable=broad-except
-        # Never fatal: training goes on without its status file.
-        logging.log_every_n_seconds(
-            logging.WARNING, 'Could not write the status file %s: %s', 600,
-            self.path, error)
+      if self._write() and reported and self._on_report:
+        self._on_report()
       if ended:
         return
       self._ended.wait(pause)  # The end cuts the pause short.
 
+  def _write_soon(self, within: float) -> None:
+    """Wakes the writer thread; in a job of one worker, writes now unless
+    the last write is younger than `within` seconds."""
+    if self._thread is not None:
+      self._wake.set()
+    elif (self._last_write is not None and
+          time.monotonic() - self._last_write >= within):
+      self._write()
 
-def read_peers(workdir: str, num_workers: int) -> dict[int, dict | None]:
-  """{worker index: its status, or None without one} for the job's
-  workers."""
-  found = {}
-  for index in range(num_workers):
+  def _write(self) -> bool:
+    """Writes the file now (never fatal); whether it could."""
+    self._last_write = time.monotonic()
     try:
-      found[index] = storage.read_json(
-          workdir_lib.worker_status_path(workdir, index))
-    except Exception:  # pylint: disable=broad-except
-      found[index] = None
-  return found
+      if not self._folder_made:
+        storage.makedirs(os.path.dirname(self.path))
+        self._folder_made = True
+      storage.write_json(self.path, self.snapshot())
+      return True
+    except Exception as error:  # pylint: disable=broad-except
+      logging.log_every_n_seconds(
+          logging.WARNING, 'Could not write the status file %s: %s', 600,
+          self.path, error)
+      return False
 
-
-def describe(status: dict, now: float) -> str:
-  """One worker's status in a few words: where it was and when."""
-  step = status.get('step')
-  return (f'worker {status["worker"]} ({status["host"]}, pid '
-          f'{status["pid"]}): {status["state"]}, phase {status["phase"]}, '
-          f'step {"?" if step is None else step}, status '
-          f'{now - status["time"]:.0f} s old, last progress '
-          f'{now - status["progress_time"]:.0f} s ago')

@@ -33,7 +33,7 @@ import threading
 from absl import logging
 
 from ctl.cluster import stragglers as stragglers_lib
-from ctl.cluster import worker_status
+from ctl.cluster import peer_evidence
 from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
 
@@ -70,7 +70,7 @@ class WorkerTimings:
 
   def __call__(self) -> None:
     """After the chief's write of its status: one read of every file."""
-    statuses = worker_status.read_peers(self._workdir, self._num_workers)
+    statuses = peer_evidence.read_peers(self._workdir, self._num_workers)
     if self._stragglers is not None:
       for line in self._stragglers.update(statuses):
         logging.warning('%s', line)

@@ -169,8 +169,9 @@ def _check_worker(content, index: int) -> str | None:
       'time': (is_number, 'a time'),
       'progress_time': (is_number, 'a time'),
       'started': (_optional(is_number), 'a time'),
-      'heartbeat_seconds': (lambda value: is_number(value) and value > 0,
-                            'seconds'),
+      # None: one worker's, written by its training thread.
+      'heartbeat_seconds': (_optional(lambda value: is_number(value) and
+                                      value > 0), 'seconds'),
       'timeout_seconds': (_optional(lambda value: is_number(value, 0)),
                           'seconds'),
       'reason': (_optional(text), 'a reason'),

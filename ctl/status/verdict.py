@@ -8,7 +8,8 @@ A worker whose file says it is running is judged by what else is known:
   Ctrl-Z, a debugger): the others wait for it in their all-reduce;
 - silent: its file was not rewritten for SILENT_HEARTBEATS heartbeats
   (its writer thread runs even while training waits): stopped, dead or
-  cut off, on another host;
+  cut off, on another host (a job of one worker writes its file on its
+  training thread, with no heartbeat: only its progress says);
 - no progress: its file is fresh, but it made no step for longer than
   distribution.timeout_seconds (_DEFAULT_HANG_SECONDS without one).
 """
@@ -49,7 +50,8 @@ def condition(status: dict, now: float) -> tuple[str, str | None]:
         f'its process is stopped (SIGSTOP, Ctrl-Z or a debugger): the '
         f'others wait for it; kill -CONT {status["pid"]} continues it')
   silent = now - status['time']
-  if silent > SILENT_HEARTBEATS * status['heartbeat_seconds']:
+  heartbeat = status.get('heartbeat_seconds')
+  if heartbeat is not None and silent > SILENT_HEARTBEATS * heartbeat:
     return 'silent', (f'its status stopped changing {age(silent)} ago '
                       '(stopped, dead or cut off)')
   limit = status.get('timeout_seconds') or _DEFAULT_HANG_SECONDS

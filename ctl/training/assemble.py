@@ -68,6 +68,12 @@ class Assembled:
     ema.EmaWeights(self.task, self.strategy).swap()
 
 
+def paused(watchdog: watchdog_lib.Watchdog | None):
+  """The watchdog's pause, for work that waits on no peer (reading data);
+  nothing without a watchdog (a job of one worker)."""
+  return watchdog.paused() if watchdog else contextlib.nullcontext()
+
+
 def assemble(config: ml_collections.ConfigDict,
              strategy: tf.distribute.Strategy,
              task_info: distribution.Role,
@@ -83,7 +89,7 @@ def assemble(config: ml_collections.ConfigDict,
   context = inputs.input_context(strategy, task_info.worker_index,
                                  task_info.num_workers)
   task = task_class(config)
-  with watchdog.paused() if watchdog else contextlib.nullcontext():
+  with paused(watchdog):
     train_data = task.train_data(context)
     task_steps_per_epoch = task.train_steps_per_epoch()
     length = training_length(config, train_data,

@@ -12,6 +12,7 @@ end.
 """
 
 from collections.abc import Callable, Mapping
+import contextlib
 import os
 from typing import Any
 
@@ -52,7 +53,7 @@ class Evaluator:
     the watchdog (training's) is told of each batch, and does not count
     the eval sets' making."""
     self._strategy = strategy
-    self._watchdog = watchdog or watchdog_lib.Watchdog(0)
+    self._watchdog = watchdog
     self._task = task
     self._eval_end = task_hooks.eval_end_of(task)  # An old form called so.
     self._context = context
@@ -98,7 +99,9 @@ class Evaluator:
     """The task's eval sets, made once: tf.data sets distributed, in-memory
     ones held as tensors."""
     if self._sets is None:
-      with self._watchdog.paused():  # Reading data waits on no peer.
+      # Reading data waits on no peer.
+      with (self._watchdog.paused() if self._watchdog else
+            contextlib.nullcontext()):
         sets = self._task.eval_data(self._context)
         if sets is None:
           sets = {}
@@ -122,7 +125,8 @@ class Evaluator:
     self._metrics.reset()
     sums, outputs = {}, {}
     for batch_sums, batch_outputs in self._run_batches(name, data, step):
-      self._watchdog.beat()
+      if self._watchdog:
+        self._watchdog.beat()
       for key, value in batch_sums.items():
         sums[key] = sums.get(key, 0.0) + value.numpy()
       for key, value in batch_outputs.items():
@@ -268,14 +272,15 @@ class TrainingEvaluation(actions_lib.Action):
     # and take part in the save.
     if self.best.improves(self.last):
       self._checkpoint.check_workdir()  # Before writing into it.
-      self.best.keep(step, self.last, self._checkpoint.model.write_copy,
-                      wait=self._checkpoint.model.wait)
+      self.best.keep(step, self.last,
+                     self._checkpoint.checkpointer.write_copy,
+                     wait=self._checkpoint.checkpointer.wait)
     return self.last
 
   def close(self) -> None:
     """Closes the writers; records a best still being written, once it is."""
     self._evaluator.close()
-    self._checkpoint.model.wait()
+    self._checkpoint.checkpointer.wait()
     self.best.finish()
 
 
@@ -283,7 +288,7 @@ def for_training(config: ml_collections.ConfigDict, workdir: str, *,
                  strategy: tf.distribute.Strategy, task: task_lib.Task,
                  context: tf.distribute.InputContext, eval_batch_size: int,
                  task_info: distribution.Role,
-                 watchdog: watchdog_lib.Watchdog,
+                 watchdog: watchdog_lib.Watchdog | None,
                  checkpoint: checkpoint_manager.TrainingCheckpoint
                  ) -> TrainingEvaluation:
   """A training run's evaluate action, due every config.intervals.eval_steps,

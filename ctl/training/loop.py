@@ -62,7 +62,8 @@ class Wiring:
     stop_signal: SIGTERM's request to stop.
     speed: times the loops.
     started: when the process started (speed_lib.process_start_time).
-    watchdog: told of each loop and action (multi-worker).
+    watchdog: told of each loop and action (multi-worker); None for one
+      worker.
     status: times each loop and action (this worker's status file).
   """
 
@@ -75,7 +76,7 @@ class Wiring:
   stop_signal: preemption.StopSignal
   speed: speed_lib.SpeedMeter
   started: float
-  watchdog: watchdog_lib.Watchdog
+  watchdog: watchdog_lib.Watchdog | None
   status: worker_status.WorkerStatus
 
 
@@ -229,7 +230,8 @@ class TrainLoop:
     ran = {}  # {index: (logged, evaluated) when it ran}
     rolled_back = False
     while True:
-      self._wiring.watchdog.beat()  # After the loop and each action.
+      if self._wiring.watchdog:  # After the loop and each action.
+        self._wiring.watchdog.beat()
       if 'rollback' in event.requests and not rolled_back:
         rolled_back = True
         self._roll_back(event)

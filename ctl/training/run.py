@@ -5,6 +5,7 @@ what its failures mean for the user is said by failures.py.
 """
 
 from collections.abc import Callable
+import contextlib
 
 from absl import logging
 import ml_collections
@@ -58,36 +59,35 @@ def train_and_evaluate(
       or the loss diverged; no checkpoint or result was overwritten.
   """
   started = speed_lib.process_start_time()
-  task_class, strategy, task_info = _set_up(config)
-  if task_info.task_type == 'evaluator':
-    return _evaluate_as_side_car(config, workdir, strategy, task_info,
+  task_class, strategy, role = _set_up(config)
+  if role.task_type == 'evaluator':
+    return _evaluate_as_side_car(config, workdir, strategy, role,
                                  on_finish)
-  _log_place_in_cluster(task_info, strategy)
+  _log_place_in_cluster(role, strategy)
   timeout_seconds = config.distribution.timeout_seconds
-  watchdog, status, dumps = _watchdog_and_status(config, workdir, task_info)
+  watchdog, status, dumps = _watchdog_and_status(config, workdir, role)
   trainer = None
   with preemption.StopSignal() as stop_signal, workdir_lib.Lock(
-      workdir, enabled=task_info.is_chief) as workdir_lock, (
+      workdir, enabled=role.is_chief) as workdir_lock, (
           status.recording()), diagnostics.DumpOnSignal(status):
     try:
-      with watchdog:
+      with watchdog or contextlib.nullcontext():
         trainer = trainer_lib.Trainer(
-            config, workdir, strategy=strategy, task_info=task_info,
+            config, workdir, strategy=strategy, task_info=role,
             task_class=task_class, stop_signal=stop_signal, started=started,
             workdir_lock=workdir_lock, watchdog=watchdog, status=status)
-        results = trainer.run()
-      finished_now = results.pop('finished_now')
+        results, finished_now = trainer.run()
       if on_finish:
-        on_finish(task_info, finished_now)
+        on_finish(role, finished_now)
     except errors.Preempted:
-      distribution.leave_together(task_info, timeout_seconds)
+      distribution.leave_together(role, timeout_seconds)
       raise
     except (tf.errors.OpError, OSError) as error:
       _raise_what_it_means(error, config, workdir, trainer and trainer.task,
-                           task_info, workdir_lock, status, dumps)
+                           role, workdir_lock, status, dumps)
       raise
     _record_end(status, results)
-  distribution.leave_together(task_info, timeout_seconds)
+  distribution.leave_together(role, timeout_seconds)
   return results
 
 
@@ -107,36 +107,42 @@ def _set_up(
   tf_internals.apply_fixes()
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
-  strategy, task_info = distribution.build_strategy(config.distribution)
-  return task_class, strategy, task_info
+  strategy, role = distribution.build_strategy(config.distribution)
+  return task_class, strategy, role
 
 
-def _log_place_in_cluster(task_info: distribution.Role,
+def _log_place_in_cluster(role: distribution.Role,
                           strategy: tf.distribute.Strategy) -> None:
   """Logs which task this is, of how many, and whether it is the chief."""
   logging.info('Task %s of %d worker(s), %d replica(s) in sync, chief: %s',
-               task_info.name, task_info.num_workers,
-               strategy.num_replicas_in_sync, task_info.is_chief)
+               role.name, role.num_workers,
+               strategy.num_replicas_in_sync, role.is_chief)
 
 
 def _watchdog_and_status(
     config: ml_collections.ConfigDict, workdir: str,
-    task_info: distribution.Role
-) -> tuple[watchdog_lib.Watchdog, worker_status.WorkerStatus, list[str]]:
-  """What watches a training task: its watchdog, its worker status, and
-  the list where the watchdog's diagnostics dump goes when it aborts."""
+    role: distribution.Role
+) -> tuple[watchdog_lib.Watchdog | None, worker_status.WorkerStatus,
+           list[str]]:
+  """What watches a training task: its watchdog (None for a job of one
+  worker, which waits on no peer), its worker status, and the list where
+  the watchdog's diagnostics dump goes when it aborts."""
   timeout_seconds = config.distribution.timeout_seconds
+  if role.num_workers == 1:
+    # Nothing to bound, compare or time against peers: the status file is
+    # written by the training thread itself (ctl/cluster/worker_status.py).
+    return None, worker_status.WorkerStatus(
+        workdir, timeout_seconds=timeout_seconds), []
   # Bounds every wait for a peer while the task is built and trained.
-  watchdog = watchdog_lib.Watchdog(timeout_seconds,
-                                   enabled=task_info.num_workers > 1)
+  watchdog = watchdog_lib.Watchdog(timeout_seconds)
   status = worker_status.WorkerStatus(
-      workdir, worker_index=task_info.worker_index,
-      num_workers=task_info.num_workers, timeout_seconds=timeout_seconds,
+      workdir, worker_index=role.worker_index,
+      num_workers=role.num_workers, timeout_seconds=timeout_seconds,
       progress_age=watchdog.seconds_since_progress,
       on_report=worker_timings.from_config(config.get('diagnostics'),
-                                           workdir, task_info.is_chief,
-                                           task_info.num_workers),
-      input_wait=input_wait.make(task_info.num_workers,
+                                           workdir, role.is_chief,
+                                           role.num_workers),
+      input_wait=input_wait.make(role.num_workers,
                                  config.deterministic))
   dumps = []  # The watchdog's, written while the stuck thread still waits.
   watchdog.on_abort = lambda why: dumps.append(diagnostics.write(
@@ -146,14 +152,14 @@ def _watchdog_and_status(
 
 
 def _raise_what_it_means(error: Exception, config: ml_collections.ConfigDict,
-                         workdir: str, task, task_info: distribution.Role,
+                         workdir: str, task, role: distribution.Role,
                          workdir_lock: workdir_lib.Lock,
                          status: worker_status.WorkerStatus,
                          dumps: list[str]) -> None:
   """Raises, from error, what it means for the user (failures.py), naming
   the stalled peers of a PeerFailure; returns when that is not known."""
   failure = failures.explain(
-      error, workdir=workdir, task=task, task_info=task_info,
+      error, workdir=workdir, task=task, task_info=role,
       timeout_seconds=config.distribution.timeout_seconds,
       jit_compile=config.jit_compile, workdir_lock=workdir_lock)
   if failure is None:
@@ -173,11 +179,11 @@ def _record_end(status: worker_status.WorkerStatus, results: dict) -> None:
                 stopped and stopped['reason'], 0)
 
 
-def _evaluate_as_side_car(config, workdir, strategy, task_info,
+def _evaluate_as_side_car(config, workdir, strategy, role,
                           on_finish) -> dict:
   """The cluster's evaluator task: evaluates each checkpoint of the chief."""
   results = checkpoint_evaluation.evaluate_continuously(config, workdir,
                                                         strategy)
   if on_finish and results.get('finished'):
-    on_finish(task_info, True)
+    on_finish(role, True)
   return results

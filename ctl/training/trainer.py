@@ -61,9 +61,8 @@ class Trainer:
     """Args as named.
 
     Args:
-      watchdog: bounds each wait for a peer (multi-worker; see
-        ctl/cluster/watchdog.py): told of each step, loop, action and
-        evaluation batch. None for none.
+      watchdog: bounds each wait for a peer (ctl/cluster/watchdog.py), told
+        of each step, loop, action and evaluation batch; None for one worker.
       status: this worker's status file (ctl/cluster/worker_status.py);
         None for none.
     """
@@ -74,7 +73,7 @@ class Trainer:
     self.stop_signal = stop_signal
     self.workdir_lock = workdir_lock
     self.started = started
-    self.watchdog = watchdog or watchdog_lib.Watchdog(0)
+    self.watchdog = watchdog
     self.status = status or worker_status.WorkerStatus(None)
     assembled = assemble_lib.assemble(config, strategy, task_info, task_class,
                                       self.watchdog)
@@ -113,7 +112,7 @@ class Trainer:
         task=self.task, in_memory=in_memory)
     logging.info('XLA compiles: %s (config.jit_compile=%r)', self.jit_compile,
                  config.jit_compile)
-    with self.watchdog.paused():  # Reading data waits on no peer.
+    with assemble_lib.paused(self.watchdog):  # Reading data waits on no peer.
       self.train_input = inputs.train_input(
           self.strategy, assembled.train_data, seed=config.seed,
           length=self.length,
@@ -158,7 +157,8 @@ class Trainer:
     self.checkpoint.data.check_savable(self.train_input.dataset)
     restored = self.checkpoint.restore_latest(self.length.steps_per_epoch)
     if restored:
-      self.watchdog.beat()
+      if self.watchdog:
+        self.watchdog.beat()
       if restored.stopped:  # An action stopped it here; killed before the end.
         self._stopped = loop_lib.Stopped(restored.step, restored.stopped)
     elif self.config.init_from:
@@ -186,7 +186,7 @@ class Trainer:
       workdir_lib.prepare(self.workdir)
       self.workdir_lock.acquire()  # A workdir that did not exist before.
       workdir_lib.remove_leftovers(self.workdir)
-      self.checkpoint.model.remove_leftovers()
+      self.checkpoint.checkpointer.remove_leftovers()
       self.evaluation.best.repair()
       workdir_lib.save_config(self.workdir, self.config)
     return None
@@ -210,7 +210,8 @@ class Trainer:
         summary_steps=self.config.intervals.summary_steps,
         autograph=self.config.autograph,
         accumulate_steps=self.config.accumulate_steps,
-        train_metrics=train_metrics, steps_done=self.watchdog.steps,
+        train_metrics=train_metrics,
+        steps_done=self.watchdog.steps if self.watchdog else None,
         input_wait=self.status.input_wait)
 
   def train(self) -> loop_lib.Stopped | None:
@@ -291,20 +292,20 @@ class Trainer:
         *(action for action in self.task_actions if action not in first),
     ]
 
-  def run(self) -> dict:
-    """restore_or_start, train and finish."""
+  def run(self) -> tuple[dict, bool]:
+    """restore_or_start, train, finish: (results, False if done before)."""
     results = self.restore_or_start()
     if results is not None:
       for action in self.task_actions:  # Only a run's end sends them.
         if isinstance(action, mlflow_logger.MlflowLogger):
           action.send_left_over()
-      return {**results, 'finished_now': False}
+      return results, False
     try:
       outcome = self.train()
     except BaseException:
       self._close()
       raise
-    return {**self.finish(outcome), 'finished_now': True}
+    return self.finish(outcome), True
 
   def _close(self) -> None:
     """Closes the eval writers and waits for every checkpoint write: what
@@ -313,7 +314,7 @@ class Trainer:
     try:
       self.evaluation.close()
     finally:
-      self.checkpoint.model.wait()
+      self.checkpoint.checkpointer.wait()
 
   def finish(self, outcome: loop_lib.Stopped | None) -> dict:
     """The final evaluation (unless the last loop evaluated), then the

@@ -5,9 +5,11 @@ named input-bound; each dumps on SIGUSR1 and trains on, then worker 1 is
 stopped for good (SIGSTOP): the others name it alone, in their dumps and
 their error lines; a worker stopped half the time is named as the
 straggler whatever the report interval; ctl.status reads the workdir
-throughout.
+throughout. A job of one worker dumps on SIGUSR1 too, with no watchdog or
+status thread.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -78,6 +80,40 @@ def wait_for_dump(workdir, worker: helpers.Watched, index: int,
     assert time.monotonic() < deadline, f'no {text!r} in {path}'
     time.sleep(0.02)
   return dump
+
+
+@pytest.mark.slow
+def test_one_worker_dumps_on_sigusr1_with_no_watchdog_or_status_thread(
+    tmp_path):
+  # A job of one worker waits on no peer: no watchdog and no status
+  # writer thread (issue 49); SIGUSR1 still dumps its stacks and status,
+  # and training goes on, its status file rewritten by its training thread.
+  worker = helpers.Watched(helpers.ctl_command(
+      f'--config={helpers.DIGITS}', '--config.num_epochs=1000',
+      '--config.intervals.log_steps=4', '--config.steps_per_loop=4',
+      f'--workdir={tmp_path}'))
+  try:
+    wait_for_step(worker, 8)
+    worker.process.send_signal(signal.SIGUSR1)
+    dump = wait_for_dump(tmp_path, worker, 0, 'SIGUSR1 asked')
+    threads = re.findall(r'--- Thread (\S+)', dump)
+    assert 'MainThread' in threads, dump
+    assert not {'ctl-watchdog', 'ctl-worker-status',
+                'ctl-stall-meter'} & set(threads), threads
+    assert re.search(r'This worker: worker 0 \(\S+, pid \d+\): running, '
+                     r'phase \S+, step \d+', dump), dump
+    assert named_in(dump) == [], dump
+    step = int(re.search(r'This worker: .* step (\d+)', dump).group(1))
+    wait_for_step(worker, step + 8)
+    path = tmp_path / 'workers' / 'worker-0.json'
+    deadline = time.monotonic() + 120  # Written at most once a second.
+    while (status := json.loads(path.read_text()))['step'] <= step:
+      assert time.monotonic() < deadline, status
+      time.sleep(0.05)
+    assert status['state'] == 'running', status
+    assert status['heartbeat_seconds'] is None, status
+  finally:
+    worker.kill()
 
 
 @pytest.mark.slow
