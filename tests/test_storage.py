@@ -82,6 +82,10 @@ _ALLOWED = {
                                "open(backup, 'ab')"),
     # The process's own CPU time.
     'ctl/training/speed.py': ("open('/proc",),
+    # A warm process's run log: its file descriptors 1 and 2 are pointed at
+    # it, so it is a local file by construction; stdin is /dev/null.
+    'ctl/warm.py': ('os.makedirs(os.path.dirname(os.path.abspath(log_path))',
+                    "open(log_path, 'wb')", "open(os.devnull, 'rb')"),
     # A trial's output file: a process writes it, so it is local by
     # construction (copied to a remote workdir when the trial exits).
     # Read back for its last error line (Trial.error_line).
