@@ -1,6 +1,6 @@
 """MLflow: a run's logged values sent to its MLflow run, off the training
 thread (the run itself, its params and the sweep's parents:
-ctl/training/mlflow_logger.py).
+mlflow_run.py).
 
 Training never waits on the server: each write queues the values in
 workdir/mlflow_pending.jsonl (mlflow_pending.py) and a thread sends them;
@@ -22,7 +22,7 @@ import ml_collections
 from ctl import metric_writers
 from ctl.metric_writers import mlflow_pending
 from ctl.runtime import workdir as workdir_lib
-from ctl.training import mlflow_logger
+from ctl.metric_writers import mlflow_run
 
 _BATCH = 1000  # MLflow's limit of metrics in one log_batch.
 _RETRY_SECS = 5.0  # Between sends while the server does not take them.
@@ -42,9 +42,9 @@ class MlflowWriter(metric_writers.MetricWriter):
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     self._settings = config.mlflow
-    self._params = mlflow_logger.flat_params(config)
+    self._params = mlflow_run.flat_params(config)
     self._workdir = workdir
-    self._mlflow = mlflow_logger.reachable_client(config.mlflow.tracking_uri)
+    self._mlflow = mlflow_run.reachable_client(config.mlflow.tracking_uri)
     self._pending = mlflow_pending.PendingValues(
         workdir_lib.mlflow_pending_path(workdir))
     self._run_id = None  # Opened by the sender: training has started.
@@ -83,7 +83,7 @@ class MlflowWriter(metric_writers.MetricWriter):
   def send_left_over(self) -> None:
     """Training had finished before this run: sends what it left unsent
     (the server was down) and marks the MLflow run FINISHED if it is not."""
-    run_id = mlflow_logger.recorded_run(self._workdir)
+    run_id = mlflow_run.recorded_run(self._workdir)
     if run_id is None:
       return
     try:
@@ -154,11 +154,11 @@ class MlflowWriter(metric_writers.MetricWriter):
   def _open(self) -> None:
     """Opens (or continues) the run; drops the values it already has."""
     parent = self._settings.parent_run_id
-    run_id = mlflow_logger.open_run(
+    run_id = mlflow_run.open_run(
         self._mlflow, workdir=self._workdir,
         experiment=self._settings.experiment,
         run_name=self._settings.run_name,
-        tags={mlflow_logger.PARENT_TAG: parent} if parent else None)
+        tags={mlflow_run.PARENT_TAG: parent} if parent else None)
     run = self._mlflow.get_run(run_id)
     self._log_params(run_id, run.data.params)
     logged = {}  # Steps logged before a restart: the resumed run repeats them.

@@ -3,7 +3,7 @@ file of every logged value, and the profiler's start and stop.
 
 Any task's run takes the first two from config fields
 (`config.early_stopping`, `config.rollback`: `from_config`; `config.log_csv`
-is a sink of ctl/metric_writers/run_writers.py); a task's own `actions()`
+is a sink of ctl/training/run_writers.py); a task's own `actions()`
 can add them too, with other arguments.
 """
 
@@ -19,7 +19,7 @@ from ctl import config as config_lib
 from ctl import errors
 from ctl.checkpoints import best as best_lib
 from ctl.metric_writers import csv_file
-from ctl.metric_writers import run_writers
+from ctl.training import run_writers
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import failures
 

@@ -28,7 +28,7 @@ from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import files as checkpoint_files
 from ctl.cluster import distribution
-from ctl.metric_writers import run_writers
+from ctl.training import run_writers
 from ctl.runtime import preemption
 from ctl.runtime import scratch
 from ctl.runtime import workdir as workdir_lib

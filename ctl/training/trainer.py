@@ -30,7 +30,7 @@ from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
 from ctl.data import inputs
-from ctl.metric_writers import run_writers
+from ctl.training import run_writers
 from ctl.metric_writers import tensorboard
 from ctl.runtime import preemption
 from ctl.runtime import workdir as workdir_lib

@@ -22,7 +22,7 @@ from ctl.metric_writers import csv_file
 from ctl.metric_writers import log_line
 from ctl.metric_writers import tensorboard
 from ctl.runtime import workdir as workdir_lib
-from ctl.training import mlflow_logger
+from ctl.metric_writers import mlflow_run
 
 
 def train_summaries(workdir: str, is_chief: bool) -> metric_writers.MetricWriter:
@@ -106,7 +106,7 @@ def logged_values(config: ml_collections.ConfigDict, workdir: str,
   if not is_chief:
     return LoggedValues(metric_writers.NullWriter(), states)
   mlflow = None
-  if mlflow_logger.enabled(config):
+  if mlflow_run.enabled(config):
     from ctl.metric_writers import mlflow_writer  # pylint: disable=g-import-not-at-top
     mlflow = mlflow_writer.MlflowWriter(config, workdir)
   sinks = [sink for sink in (csv, mlflow) if sink is not None]
