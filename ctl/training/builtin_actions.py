@@ -18,7 +18,6 @@ from ctl import actions
 from ctl import config as config_lib
 from ctl import errors
 from ctl.checkpoints import best as best_lib
-from ctl.metric_writers import csv_file
 from ctl.training import run_writers
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import failures
@@ -173,6 +172,7 @@ class CsvLogger(run_writers.LoggedValues):
   on_every_worker = False
 
   def __init__(self, path: str):
+    from ctl.metric_writers import csv_file  # pylint: disable=g-import-not-at-top
     self._csv = csv_file.CsvWriter(path)
     super().__init__(self._csv)
 

@@ -18,11 +18,9 @@ import ml_collections
 from ctl import actions
 from ctl import metric_writers
 from ctl.checkpoints import best as best_lib
-from ctl.metric_writers import csv_file
 from ctl.metric_writers import log_line
 from ctl.metric_writers import tensorboard
 from ctl.runtime import workdir as workdir_lib
-from ctl.metric_writers import mlflow_run
 
 
 def train_summaries(workdir: str, is_chief: bool) -> metric_writers.MetricWriter:
@@ -100,14 +98,18 @@ def logged_values(config: ml_collections.ConfigDict, workdir: str,
   """The run's LoggedValues action: on the chief to metrics.csv, MLflow and
   the task's own sinks, as config and the task ask; to nothing elsewhere
   (every worker keeps metrics.csv's row count, the chief's is saved)."""
-  csv = (csv_file.CsvWriter(workdir_lib.metrics_csv_path(workdir))
-         if config.log_csv else None)
+  # The sinks' modules are imported only where a config asks for them.
+  # pylint: disable=g-import-not-at-top
+  csv = None
+  if config.log_csv:
+    from ctl.metric_writers import csv_file
+    csv = csv_file.CsvWriter(workdir_lib.metrics_csv_path(workdir))
   states = [csv] if csv else []
   if not is_chief:
     return LoggedValues(metric_writers.NullWriter(), states)
   mlflow = None
-  if mlflow_run.enabled(config):
-    from ctl.metric_writers import mlflow_writer  # pylint: disable=g-import-not-at-top
+  if config.mlflow.tracking_uri:
+    from ctl.metric_writers import mlflow_writer
     mlflow = mlflow_writer.MlflowWriter(config, workdir)
   sinks = [sink for sink in (csv, mlflow) if sink is not None]
   return LoggedValues(
