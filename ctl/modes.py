@@ -74,7 +74,7 @@ class ExportAtEnd:
     if task_info.task_type == 'evaluator' or (task_info.is_chief and
                                               not task_info.has_evaluator):
       mlflow_run.log_export(config, workdir,
-                               _export().export_run(config, workdir))
+                            _export().export_run(config, workdir))
     elif not task_info.has_evaluator:
       _export_beside_the_chief(config, workdir)
 

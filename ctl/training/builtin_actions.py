@@ -18,9 +18,9 @@ from ctl import actions
 from ctl import config as config_lib
 from ctl import errors
 from ctl.checkpoints import best as best_lib
-from ctl.training import run_writers
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import failures
+from ctl.training import run_writers
 
 class EarlyStopping(actions.Action):
   """Stops training cleanly (exit 0) once an eval metric has not improved

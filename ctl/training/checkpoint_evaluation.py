@@ -28,12 +28,12 @@ from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import files as checkpoint_files
 from ctl.cluster import distribution
-from ctl.training import run_writers
 from ctl.runtime import preemption
 from ctl.runtime import scratch
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import evaluation
+from ctl.training import run_writers
 
 # Seconds between two looks for a new checkpoint (reading a small file).
 POLL_SECONDS = 1.0

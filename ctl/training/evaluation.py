@@ -28,10 +28,10 @@ from ctl.checkpoints import manager as checkpoint_manager
 from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.data import in_memory
-from ctl.training import run_writers
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import ema
 from ctl.training import metric_reading
+from ctl.training import run_writers
 from ctl.training import task_calls
 
 # The name of the one eval set of a task whose eval_data returns one set.

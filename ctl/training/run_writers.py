@@ -17,6 +17,7 @@ import ml_collections
 
 from ctl import actions
 from ctl import metric_writers
+from ctl import task as task_lib
 from ctl.checkpoints import best as best_lib
 from ctl.metric_writers import log_line
 from ctl.metric_writers import tensorboard
@@ -94,7 +95,7 @@ class LoggedValues(actions.Action):
 
 
 def logged_values(config: ml_collections.ConfigDict, workdir: str,
-                  is_chief: bool, task) -> LoggedValues:
+                  is_chief: bool, task: task_lib.Task) -> LoggedValues:
   """The run's LoggedValues action: on the chief to metrics.csv, MLflow and
   the task's own sinks, as config and the task ask; to nothing elsewhere
   (every worker keeps metrics.csv's row count, the chief's is saved)."""

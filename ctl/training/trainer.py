@@ -30,7 +30,6 @@ from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
 from ctl.data import inputs
-from ctl.training import run_writers
 from ctl.metric_writers import tensorboard
 from ctl.runtime import preemption
 from ctl.runtime import workdir as workdir_lib
@@ -42,6 +41,7 @@ from ctl.training import loop_plan
 from ctl.training import metric_reading
 from ctl.training import pruning
 from ctl.training import report
+from ctl.training import run_writers
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
