@@ -420,17 +420,17 @@ def tf_data_element_microseconds(num_elements: int = 3000) -> float:
 def report_milliseconds(writer: str, num_reports: int = 50) -> float:
   """What writing one report of 6 scalars costs the training thread.
 
-  writer: 'ctl' (ctl.runtime.summaries.TensorBoardWriter) or 'tf.summary'
+  writer: 'ctl' (ctl.metric_writers.tensorboard.TensorBoardWriter) or 'tf.summary'
   (eager tf.summary.scalar calls under a default file writer).
   """
-  from ctl.runtime import summaries  # pylint: disable=g-import-not-at-top
+  from ctl.metric_writers import tensorboard  # pylint: disable=g-import-not-at-top
   scalars = {name: 0.5 for name in ('loss', 'accuracy', 'learning_rate',
                                     'steps_per_second', 'examples_per_second',
                                     'eval_accuracy')}
   with tempfile.TemporaryDirectory() as logdir:
     if writer == 'ctl':
-      ctl_writer = summaries.TensorBoardWriter(logdir)
-      write = ctl_writer.write
+      ctl_writer = tensorboard.TensorBoardWriter(logdir)
+      write = ctl_writer.write_scalars
       close = ctl_writer.close
     else:
       tf_writer = tf.summary.create_file_writer(logdir)

@@ -12,6 +12,8 @@ What a user's code needs, importable as `ctl.<name>`:
     ctl.Event                     sees and requests (ctl/actions.py)
     ctl.EarlyStopping,            built-in actions
     ctl.Rollback, ctl.CsvLogger   (ctl/training/builtin_actions.py)
+    ctl.MetricWriter              a sink of logged values, from
+                                  Task.metric_writers() (ctl/metric_writers/)
     ctl.base_config()             the framework's config fields (ctl/config.py)
     ctl.classification_config()   ... and the built-in classifier's
     ctl.load(workdir)             a run's task and models, restored (ctl/serving/load.py)
@@ -41,6 +43,7 @@ _PUBLIC = {
     'EarlyStopping': 'ctl.training.builtin_actions',
     'CsvLogger': 'ctl.training.builtin_actions',
     'Rollback': 'ctl.training.builtin_actions',
+    'MetricWriter': 'ctl.metric_writers',
     'base_config': 'ctl.config',
     'classification_config': 'ctl.config',
     'load': 'ctl.serving.load',

@@ -130,12 +130,12 @@ def base_config() -> ml_collections.ConfigDict:
   config.rollback.window = 20
 
   # Every logged value (training's and evaluation's) appended to
-  # workdir/metrics.csv as step,name,value rows (ctl.CsvLogger).
+  # workdir/metrics.csv as step,name,value rows (metric_writers/csv_file.py).
   config.log_csv = False
 
   # Log the run to an MLflow tracking server (ctl[mlflow]): config, values,
   # export; one MLflow run per workdir, continued on resume
-  # (ctl/training/mlflow_logger.py). '' tracking_uri: off.
+  # (ctl/metric_writers/mlflow_run.py). '' tracking_uri: off.
   config.mlflow = ml_collections.ConfigDict()
   config.mlflow.tracking_uri = ''  # e.g. 'http://localhost:5000'
   config.mlflow.experiment = 'ctl'

@@ -21,7 +21,7 @@ from ctl import errors
 
 from ctl.cluster import distribution
 from ctl.training import checkpoint_evaluation
-from ctl.training import mlflow_logger
+from ctl.metric_writers import mlflow_run
 from ctl.training import run as run_lib
 
 
@@ -73,8 +73,8 @@ class ExportAtEnd:
     # evaluated the last checkpoint: the best is known only then.
     if task_info.task_type == 'evaluator' or (task_info.is_chief and
                                               not task_info.has_evaluator):
-      mlflow_logger.log_export(config, workdir,
-                               _export().export_run(config, workdir))
+      mlflow_run.log_export(config, workdir,
+                            _export().export_run(config, workdir))
     elif not task_info.has_evaluator:
       _export_beside_the_chief(config, workdir)
 

@@ -38,9 +38,9 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from ctl import metric_writers as metric_writers_lib
 from ctl import step_context
 from ctl.data import in_memory
-from ctl.runtime import summaries
 from ctl import actions as actions_lib
 
 InMemory = in_memory.InMemory
@@ -48,8 +48,8 @@ InMemory = in_memory.InMemory
 Data = tf.data.Dataset | InMemory
 
 
-Image = summaries.Image
-Histogram = summaries.Histogram
+Image = metric_writers_lib.Image
+Histogram = metric_writers_lib.Histogram
 # Its own module (ctl/step_context.py); ctl.task.StepContext still names it.
 StepContext = step_context.StepContext
 
@@ -160,6 +160,14 @@ class Task(tf.Module):
     """The task's own actions: work between loops of steps (ctl.Action),
     run after ctl's (the log line, evaluation) and before the checkpoint.
     Called once, after build()."""
+    return []
+
+  def metric_writers(self) -> Sequence[metric_writers_lib.MetricWriter]:
+    """The task's own sinks (ctl.MetricWriter): each gets, on the chief,
+    every logged value as metrics.csv names it (`train/<name>` at each log
+    line, `eval/<name>` at each evaluation, `workers/<i>/<phase>_ms`),
+    is flushed after each, and closed at the end of training. Called once,
+    after build(), on the chief only."""
     return []
 
   def serving_signature(self) -> Callable | None:

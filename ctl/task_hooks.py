@@ -46,6 +46,7 @@ HOOKS = {
                      removed_in='0.3.0'),
     'loop_logs': Hook(),
     'actions': Hook(since='0.2.0'),
+    'metric_writers': Hook(since='0.3.0'),
     'serving_signature': Hook(),
     'models': Hook(),
 }

@@ -17,7 +17,7 @@ LAYERS = {
     'config_checks': 1, 'config_upgrade': 1,
     'registry': 2, 'config': 2, 'actions': 2, 'storage': 2,
     'config_help': 3, 'runtime': 3, 'data': 3, 'hyper': 3,
-    'step_context': 4,
+    'step_context': 4, 'metric_writers': 4,
     'task': 5, 'task_hooks': 5, 'cluster': 5,
     'checkpoints': 6,
     'builtin_tasks': 6,

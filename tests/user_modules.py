@@ -328,6 +328,32 @@ class CountsSteps(NoisyRegression):
     return [StopAt()]
 
 
+class ListWriter(ctl.MetricWriter):
+  """A sink in one class: keeps each value written as (step, name, value)."""
+
+  def __init__(self):
+    self.rows = []
+    self.closed = False
+
+  def write_scalars(self, step, scalars):
+    self.rows += [(step, name, value) for name, value in scalars.items()]
+
+  def close(self):
+    self.closed = True
+
+
+class WritesToAList(CountsSteps):
+  """CountsSteps with a sink of its own (each one made is kept in `made`,
+  for the test that reads it in the same process)."""
+
+  made = []
+
+  def metric_writers(self):
+    writer = ListWriter()
+    WritesToAList.made.append(writer)
+    return [writer]
+
+
 class SeesEvalResults(NoisyRegression):
   """eval_end reads the pass's results; there are no per-example outputs."""
 

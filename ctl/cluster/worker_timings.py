@@ -34,7 +34,7 @@ from absl import logging
 
 from ctl.cluster import stragglers as stragglers_lib
 from ctl.cluster import peer_evidence
-from ctl.runtime import summaries
+from ctl.metric_writers import tensorboard
 from ctl.runtime import workdir as workdir_lib
 
 # The phases named on their own; every other action's time is `actions_ms`.
@@ -78,10 +78,10 @@ class WorkerTimings:
     if not new:
       return
     if self._writer is None:
-      self._writer = summaries.TensorBoardWriter(
+      self._writer = tensorboard.TensorBoardWriter(
           workdir_lib.workers_dir(self._workdir))
     for step, timings in new.items():
-      self._writer.write(step, timings)
+      self._writer.write_scalars(step, timings)
     with self._lock:
       self._pending.update(new)
 

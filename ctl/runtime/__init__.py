@@ -1,1 +1,1 @@
-"""What runs around training: strategy, cluster, checkpoints, preemption, summaries, the workdir, the process."""
+"""What runs around training: strategy, cluster, checkpoints, preemption, the workdir, the process."""

@@ -203,9 +203,9 @@ def _mlflow_parent_flags(trial_config) -> tuple[str, ...]:
   (one per sweep workdir) for every trial's command."""
   if not trial_config.mlflow.tracking_uri:
     return ()
-  from ctl.training import mlflow_logger  # pylint: disable=g-import-not-at-top
+  from ctl.metric_writers import mlflow_run  # pylint: disable=g-import-not-at-top
   try:
-    parent = mlflow_logger.sweep_parent(trial_config, _WORKDIR.value)
+    parent = mlflow_run.sweep_parent(trial_config, _WORKDIR.value)
   except errors.CtlError as error:
     _fail(error)
   return (f'--config.mlflow.parent_run_id={parent}',)
@@ -213,8 +213,8 @@ def _mlflow_parent_flags(trial_config) -> tuple[str, ...]:
 
 def _finish_mlflow_parent(trial_config, report) -> None:
   if trial_config.mlflow.tracking_uri:
-    from ctl.training import mlflow_logger  # pylint: disable=g-import-not-at-top
-    mlflow_logger.finish_sweep_parent(
+    from ctl.metric_writers import mlflow_run  # pylint: disable=g-import-not-at-top
+    mlflow_run.finish_sweep_parent(
         trial_config, _WORKDIR.value, report.results_csv, report.all_finished)
 
 

@@ -1,13 +1,12 @@
 """Built-in actions: early stopping, rollback of a diverging loss, a CSV
 file of every logged value, and the profiler's start and stop.
 
-Any task's run takes them from config fields (`config.early_stopping`,
-`config.rollback`, `config.log_csv`: `from_config`); a task's own
-`actions()` can add them too, with other arguments.
+Any task's run takes the first two from config fields
+(`config.early_stopping`, `config.rollback`: `from_config`; `config.log_csv`
+is a sink of ctl/training/run_writers.py); a task's own `actions()`
+can add them too, with other arguments.
 """
 
-import csv
-import io
 import math
 from typing import Any
 
@@ -18,10 +17,10 @@ import tensorflow as tf
 from ctl import actions
 from ctl import config as config_lib
 from ctl import errors
-from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import failures
+from ctl.training import run_writers
 
 class EarlyStopping(actions.Action):
   """Stops training cleanly (exit 0) once an eval metric has not improved
@@ -159,78 +158,32 @@ class Rollback(actions.Action):
     self._rollbacks = state['rollbacks']
 
 
-class CsvLogger(actions.Action):
-  """Appends every logged value to workdir/metrics.csv, one row each:
-
-      step,name,value
-      100,train/loss,0.512
-      100,eval/accuracy,0.93        (eval/<set>/<metric> for several sets)
-      96,workers/1/input_wait_ms,12.5   (several workers: the chief's
-                                          ctl/cluster/worker_timings.py)
-
-  `pandas.read_csv(path).pivot(index='step', columns='name')` gives a
-  table. The chief writes it after each log line and evaluation. Its row
-  count is in every checkpoint: a resumed run first drops the rows logged
-  after the checkpoint it resumes from, so no step appears twice.
+class CsvLogger(run_writers.LoggedValues):
+  """Appends every logged value to a CSV file, one `step,name,value` row
+  each (ctl/metric_writers/csv_file.py: `train/loss`, `eval/accuracy`,
+  `workers/1/input_wait_ms`); on the chief. config.log_csv writes
+  workdir/metrics.csv so; this action writes another file. Its row count
+  is in every checkpoint: a resumed run first drops the rows logged after
+  the checkpoint it resumes from, so no step appears twice.
   """
 
+  name = 'CsvLogger'
   when = actions.When(after_log=True, after_eval=True)
+  on_every_worker = False
 
   def __init__(self, path: str):
-    self._path = path
-    self._rows = 0  # Rows written (and checkpointed).
-    self._trimmed = False
-    self._written = (-1, -1)  # The steps of the latest train and eval rows.
-
-  def run(self, event: actions.Event) -> None:
-    rows = []
-    if event.logged and self._written[0] != event.step:
-      rows += [(event.step, f'train/{name}', value)
-               for name, value in event.train_logs.items()
-               if isinstance(value, (int, float))]
-      # Each worker's timings, under the steps of their reports (earlier).
-      rows += [(step, name, value)
-               for step, timings in event.worker_timings.items()
-               for name, value in timings.items()]
-    if event.evaluated and self._written[1] != event.step:
-      rows += [(event.step, f'eval/{name}', value) for name, value in
-               best_lib.flat_metrics(event.eval_results).items()]
-    self._written = (event.step if event.logged else self._written[0],
-                     event.step if event.evaluated else self._written[1])
-    if rows:
-      self._append(rows)
-
-  def _append(self, rows: list[tuple[int, str, float]]) -> None:
-    if not self._trimmed:
-      self._trim()
-    text = io.StringIO()
-    csv.writer(text, lineterminator='\n').writerows(rows)
-    storage.append_text(self._path, text.getvalue())
-    self._rows += len(rows)
-
-  def _trim(self) -> None:
-    """Keeps the header and the rows of the checkpoint resumed from."""
-    self._trimmed = True
-    lines = []
-    text = storage.read_text(self._path)
-    if text is not None:
-      lines = text.splitlines(keepends=True)[1:self._rows + 1]
-    if len(lines) < self._rows:
-      logging.warning('%s has %d rows, fewer than the %d its checkpoint '
-                      'counted: keeping them.', self._path, len(lines),
-                      self._rows)
-      self._rows = len(lines)
-    storage.write_text(self._path, 'step,name,value\n' + ''.join(lines))
+    from ctl.metric_writers import csv_file  # pylint: disable=g-import-not-at-top
+    self._csv = csv_file.CsvWriter(path)
+    super().__init__(self._csv)
 
   def state(self) -> dict[str, Any]:
-    return {'rows': self._rows}
+    return self._csv.state()
 
   def restore(self, state: dict[str, Any]) -> None:
-    self._rows = state['rows']
+    self._csv.restore(state)
 
 
-def from_config(config: ml_collections.ConfigDict,
-                workdir: str) -> list[actions.Action]:
+def from_config(config: ml_collections.ConfigDict) -> list[actions.Action]:
   """The built-in actions that config asks for."""
   built = []
   stopping = config.early_stopping
@@ -241,8 +194,6 @@ def from_config(config: ml_collections.ConfigDict,
     built.append(Rollback(config.rollback.factor,
                           config.rollback.max_rollbacks,
                           config.rollback.window))
-  if config.log_csv:
-    built.append(CsvLogger(workdir_lib.metrics_csv_path(workdir)))
   return built
 
 

@@ -23,16 +23,17 @@ import tensorflow as tf
 
 from ctl import config as config_lib
 from ctl import errors
+from ctl import metric_writers
 from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import files as checkpoint_files
 from ctl.cluster import distribution
 from ctl.runtime import preemption
 from ctl.runtime import scratch
-from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import evaluation
+from ctl.training import run_writers
 
 # Seconds between two looks for a new checkpoint (reading a small file).
 POLL_SECONDS = 1.0
@@ -164,8 +165,8 @@ class _SideEvaluation:
         context=self._assembled.context,
         eval_batch_size=self._assembled.length.eval_batch_size,
         seed=config.seed, autograph=config.autograph,
-        make_writer=lambda name: summaries.make_writer(
-            os.path.join(self._eval_dir, name), True))
+        make_writer=lambda name: run_writers.eval_writer(
+            self._eval_dir, name, True))
     if not self._evaluator.has_data():
       raise errors.CtlError(
           f'Task {config.task!r} has no eval_data: there is nothing to '
@@ -204,7 +205,7 @@ class _SideEvaluation:
       results = {'step': step, 'checkpoint': path,
                  'eval': self._evaluator.evaluate(step)}
       storage.write_json(workdir_lib.eval_results_path(self._workdir),
-                             summaries.json_ready(results))
+                             metric_writers.json_ready(results))
       if self._best.improves(results['eval']):
         self._best.keep(step, results['eval'], lambda prefix:
                         checkpoint_files.copy_checkpoint(snapshot, prefix))

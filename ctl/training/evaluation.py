@@ -13,7 +13,6 @@ end.
 
 from collections.abc import Callable, Mapping
 import contextlib
-import os
 from typing import Any
 
 from absl import logging
@@ -22,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctl import actions as actions_lib
+from ctl import metric_writers
 from ctl import task as task_lib
 from ctl import task_hooks
 from ctl.checkpoints import best as best_lib
@@ -29,10 +29,10 @@ from ctl.checkpoints import manager as checkpoint_manager
 from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.data import in_memory
-from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import ema
 from ctl.training import metric_reading
+from ctl.training import run_writers
 from ctl.training import task_calls
 
 # The name of the one eval set of a task whose eval_data returns one set.
@@ -46,10 +46,11 @@ class Evaluator:
   def __init__(self, *, strategy: tf.distribute.Strategy,
                task: task_lib.Task, context: tf.distribute.InputContext,
                eval_batch_size: int, seed: int,
-               make_writer: Callable[[str], summaries.MetricWriter],
+               make_writer: Callable[[str], metric_writers.MetricWriter],
                autograph: bool = True,
                watchdog: watchdog_lib.Watchdog | None = None):
-    """Args as named; make_writer(set name) makes a set's summary writer;
+    """Args as named; make_writer(set name) makes a set's writer (its log
+    line, its summaries: run_writers.eval_writer);
     the watchdog (training's) is told of each batch, and does not count
     the eval sets' making."""
     self._strategy = strategy
@@ -73,7 +74,7 @@ class Evaluator:
     return bool(self._eval_sets())
 
   def evaluate(self, step: int) -> dict[str, Any]:
-    """Evaluates every set; logs and summarises the results at step.
+    """Evaluates every set; writes the results at step (logs, summaries).
 
     Returns:
       The results of the one set, or {set name: results} for several.
@@ -81,16 +82,14 @@ class Evaluator:
     results = {}
     for name, dataset in self._eval_sets().items():
       results[name] = self._evaluate_set(name, dataset, step)
-      self._writer(name).write(step, results[name])
-      logging.info('eval%s at step %d: %s', f' {name}' if name else '', step,
-                   summaries.format_scalars(results[name]))
+      metric_writers.write_results(self._writer(name), step, results[name])
     return results[SINGLE] if SINGLE in results else results
 
   def close(self) -> None:
     for writer in self._writers.values():
       writer.close()
 
-  def _writer(self, name: str) -> summaries.MetricWriter:
+  def _writer(self, name: str) -> metric_writers.MetricWriter:
     if name not in self._writers:
       self._writers[name] = self._make_writer(name)
     return self._writers[name]
@@ -300,9 +299,8 @@ def for_training(config: ml_collections.ConfigDict, workdir: str, *,
       strategy=strategy, task=task, context=context,
       eval_batch_size=eval_batch_size, seed=config.seed,
       autograph=config.autograph,
-      make_writer=lambda name: summaries.make_writer(
-          os.path.join(workdir_lib.summary_dir(workdir, 'eval'), name),
-          task_info.is_chief),
+      make_writer=lambda name: run_writers.eval_writer(
+          workdir_lib.summary_dir(workdir, 'eval'), name, task_info.is_chief),
       watchdog=watchdog)
   return TrainingEvaluation(
       evaluator, best, checkpoint, task=task, strategy=strategy,

@@ -1,14 +1,11 @@
 """The report action: the log line and the train summaries, every
 `log_steps` and `summary_steps`, at each epoch's end and at the end."""
 
-import datetime
 from typing import Any
 
-from absl import logging
-
 from ctl import actions as actions_lib
-from ctl.runtime import progress
-from ctl.runtime import summaries
+from ctl import metric_writers
+from ctl.metric_writers import log_line
 from ctl.training import metric_reading
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
@@ -33,9 +30,11 @@ class Reporter(actions_lib.Action):
 
   def __init__(self, *, length: state_lib.TrainingLength,
                metrics: metric_reading.MetricReader,
-               writer: summaries.MetricWriter, speed: speed_lib.SpeedMeter,
+               writer: metric_writers.MetricWriter,
+               speed: speed_lib.SpeedMeter,
                when: actions_lib.When, summary_when: actions_lib.When):
-    """Args as named; when: the report action's, summary_when: the
+    """Args as named; writer: the train summaries' (run_writers.
+    train_summaries); when: the report action's, summary_when: the
     summaries' (a report writes them when both are due)."""
     self.when = when
     self._length = length
@@ -43,6 +42,8 @@ class Reporter(actions_lib.Action):
     self._writer = writer
     self._speed = speed
     self._summary_when = summary_when
+    self._line = log_line.train_line(
+        length, lambda step: speed.eta_seconds(step, length.total_steps))
     self._sums: dict[str, float] = {}
     self._steps = 0
     self._latest: dict[str, float] = {}  # The latest loop's loop_logs.
@@ -108,36 +109,9 @@ class Reporter(actions_lib.Action):
           steps_per_second * self._length.global_batch_size)
     if self._summary_when.due_at(step, self._length.steps_per_epoch,
                                  event.end):
-      self._writer.write(step, scalars)
+      self._writer.write_scalars(step, scalars)
     self.latest = event.train_logs = scalars
     event.logged = True
-    # Counted from 1: "epoch 1, step 22 of 22" is the end of the first epoch.
-    epoch = -(-step // self._length.steps_per_epoch)
-    step_in_epoch = step - (epoch - 1) * self._length.steps_per_epoch
-    eta = self._speed.eta_seconds(step, self._length.total_steps)
-    line = 'step %d/%d epoch %d/%d (step %d of %d) | %s | ETA %s' % (
-        step, self._length.total_steps, epoch, self._length.num_epochs,
-        step_in_epoch, self._length.steps_per_epoch,
-        summaries.format_scalars(scalars),
-        eta_text(eta))
-    live = progress.live_stream()
-    if live and step_in_epoch != self._length.steps_per_epoch and not (
-        event.end):
-      live.show(line)  # On a terminal; epoch ends and the end scroll.
-      return
-    if live:
-      live.show('')
-    logging.info('%s', line)
-
-
-def eta_text(seconds: float | None) -> str:
-  """The time left as H:MM:SS (or 'N days, H:MM:SS'); '?' when unknown, and
-  a bound past what a timedelta holds (a run of billions of years)."""
-  if seconds is None:
-    return '?'
-  if not seconds < _LONGEST_ETA.total_seconds():  # Also inf and nan.
-    return f'over {_LONGEST_ETA.days} days'
-  return str(datetime.timedelta(seconds=round(max(seconds, 0))))
-
-
-_LONGEST_ETA = datetime.timedelta(days=999_999_999)
+    self._line.write_scalars(step, scalars)
+    if event.end:
+      self._line.flush()  # A live line on a terminal scrolls at the end.

@@ -20,6 +20,7 @@ import ml_collections
 import tensorflow as tf
 
 from ctl import actions as actions_lib
+from ctl import metric_writers
 from ctl import storage
 from ctl import task as task_lib
 from ctl.checkpoints import contents as checkpoint_contents
@@ -29,8 +30,8 @@ from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
 from ctl.data import inputs
+from ctl.metric_writers import tensorboard
 from ctl.runtime import preemption
-from ctl.runtime import summaries
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import builtin_actions
@@ -38,9 +39,9 @@ from ctl.training import evaluation
 from ctl.training import loop as loop_lib
 from ctl.training import loop_plan
 from ctl.training import metric_reading
-from ctl.training import mlflow_logger
 from ctl.training import pruning
 from ctl.training import report
+from ctl.training import run_writers
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
@@ -81,19 +82,22 @@ class Trainer:
     self.length, self.context = assembled.length, assembled.context
     self._build_input(assembled)
     self.checkpoint = self._training_checkpoint(assembled)
+    self.logged_values = run_writers.logged_values(
+        config, workdir, task_info.is_chief, self.task)
     self.task_actions = [
-        *builtin_actions.from_config(config, workdir),
-        *mlflow_logger.from_config(config, workdir, task_info.is_chief),
+        *builtin_actions.from_config(config),
+        self.logged_values,
         *pruning.from_config(config, task_info.is_chief),
         *self.task.actions()]
     # The report's state is saved beside theirs, under its own name.
-    actions_lib.check_names([*self.task_actions, report.Reporter])
+    actions_lib.check_names([*self.task_actions, *self.logged_values.states,
+                             report.Reporter])
     if task_info.has_evaluator and any(action.when.after_eval
                                        for action in self.task_actions):
       logging.warning('The cluster\'s evaluator task evaluates, so training '
                       'does not: actions after each evaluation (early '
                       'stopping) never run.')
-    self.checkpoint.track(self.task_actions)
+    self.checkpoint.track([*self.task_actions, *self.logged_values.states])
     self.speed = speed_lib.SpeedMeter()
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
@@ -224,8 +228,7 @@ class Trainer:
     self.status.start(step=step, total_steps=self.length.total_steps,
                       steps_per_epoch=self.length.steps_per_epoch,
                       num_epochs=self.length.num_epochs)
-    writer = summaries.make_writer(
-        workdir_lib.summary_dir(self.workdir, 'train'), self.task_info.is_chief)
+    writer = run_writers.train_summaries(self.workdir, self.task_info.is_chief)
     try:
       if self._stopped or step >= self.length.total_steps:
         return self._stopped
@@ -240,7 +243,7 @@ class Trainer:
       writer.close()  # What it wrote is whole on disk, whatever happened.
 
   def _reporter(self, train_metrics: metric_reading.MetricReader,
-                writer: summaries.MetricWriter) -> report.Reporter:
+                writer: metric_writers.MetricWriter) -> report.Reporter:
     """The report action, with its sums since the last report from the
     checkpoint resumed (saved in every checkpoint from now on)."""
     intervals = self.config.intervals
@@ -265,7 +268,7 @@ class Trainer:
   def _run_loop(self, step: int) -> loop_lib.Stopped | None:
     """Runs the loop from `step`, with the steps' summary writer open."""
     loops = self.loop.plan(step)
-    step_writer = summaries.step_summary_writer(
+    step_writer = tensorboard.step_summary_writer(
         workdir_lib.summary_dir(self.workdir, 'train'),
         self.task_info.is_chief)
     try:
@@ -296,9 +299,7 @@ class Trainer:
     """restore_or_start, train, finish: (results, False if done before)."""
     results = self.restore_or_start()
     if results is not None:
-      for action in self.task_actions:  # Only a run's end sends them.
-        if isinstance(action, mlflow_logger.MlflowLogger):
-          action.send_left_over()
+      self.logged_values.send_left_over()  # Only a run's end sends them.
       return results, False
     try:
       outcome = self.train()
@@ -343,7 +344,7 @@ class Trainer:
                  self.task_info.name)
     if self.task_info.is_chief:
       storage.write_json(workdir_lib.results_path(self.workdir),
-                             summaries.json_ready(results))
+                             metric_writers.json_ready(results))
       logging.info('Results written to %s',
                    workdir_lib.results_path(self.workdir))
     return results

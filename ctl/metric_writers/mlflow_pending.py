@@ -1,7 +1,7 @@
 """The values queued for MLflow, in workdir/mlflow_pending.jsonl until sent.
 
 The loop adds a step's values here (a local append: training never waits on
-the server); the MLflow logger's sender thread (mlflow_logger.py) sends the
+the server); the MLflow writer's sender thread (mlflow_writer.py) sends the
 oldest and removes what MLflow acknowledged. What a killed run left is read
 back by the next run in the workdir, which sends it first.
 """
