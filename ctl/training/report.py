@@ -49,13 +49,6 @@ class Reporter(actions_lib.Action):
     self._metric_results = None  # Read by the loop, for the next report.
     self.latest: dict[str, float] = {}  # The latest report's values.
 
-  def due_at(self, step: int) -> bool:
-    """Whether the report is due after `step` by its counts or as the end
-    of training (not by a request: a stop's report reads the metrics
-    itself)."""
-    return self.when.due_at(step, self._length.steps_per_epoch,
-                            step >= self._length.total_steps)
-
   def add(self, logs: dict[str, float], num_steps: int,
           loop_logs: dict[str, float], metric_results=None) -> None:
     """Adds a loop's mean logs; keeps its loop_logs, the latest, and the
@@ -83,16 +76,18 @@ class Reporter(actions_lib.Action):
     """Takes back the sums state() returned at the checkpoint resumed."""
     self._sums, self._steps = dict(state['sums']), state['steps']
 
-  def run(self, event: actions_lib.Event) -> None:
-    """As an action: the report."""
-    self.report(event)
+  def run(self, event: actions_lib.Event) -> dict[str, float] | None:
+    """As an action: the report; its values (the loop hands them to the
+    work after a log line), or None when it wrote no line."""
+    return self.report(event)
 
-  def report(self, event: actions_lib.Event) -> None:
-    """Logs (and at summary steps summarises) everything since the last."""
+  def report(self, event: actions_lib.Event) -> dict[str, float] | None:
+    """Logs (and at summary steps summarises) everything since the last;
+    returns the values logged, or None when there was nothing to log."""
     if not self._steps:
       # A rollback at this step left no step to report (its warning says
       # so): no log line; the actions after one do not run.
-      return
+      return None
     step = event.step
     scalars = {name: total / self._steps for name, total in self._sums.items()}
     self._sums, self._steps = {}, 0
@@ -109,8 +104,7 @@ class Reporter(actions_lib.Action):
     if self._summary_when.due_at(step, self._length.steps_per_epoch,
                                  event.end):
       self._writer.write(step, scalars)
-    self.latest = event.train_logs = scalars
-    event.logged = True
+    self.latest = scalars
     # Counted from 1: "epoch 1, step 22 of 22" is the end of the first epoch.
     epoch = -(-step // self._length.steps_per_epoch)
     step_in_epoch = step - (epoch - 1) * self._length.steps_per_epoch
@@ -124,10 +118,11 @@ class Reporter(actions_lib.Action):
     if live and step_in_epoch != self._length.steps_per_epoch and not (
         event.end):
       live.show(line)  # On a terminal; epoch ends and the end scroll.
-      return
+      return scalars
     if live:
       live.show('')
     logging.info('%s', line)
+    return scalars
 
 
 def eta_text(seconds: float | None) -> str:

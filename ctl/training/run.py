@@ -25,6 +25,7 @@ from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import checkpoint_evaluation
 from ctl.training import failures
+from ctl.training import job as job_lib
 from ctl.training import speed as speed_lib
 from ctl.training import trainer as trainer_lib
 
@@ -72,9 +73,9 @@ def train_and_evaluate(
     try:
       with watchdog:
         trainer = trainer_lib.Trainer(
-            config, workdir, strategy=strategy, task_info=task_info,
-            task_class=task_class, stop_signal=stop_signal, started=started,
-            workdir_lock=workdir_lock, watchdog=watchdog, status=status)
+            config, workdir, task_class=task_class,
+            job=job_lib.Job(strategy, task_info, watchdog, status),
+            process=job_lib.Process(stop_signal, workdir_lock, started))
         results = trainer.run()
       finished_now = results.pop('finished_now')
       if on_finish:
