@@ -34,7 +34,7 @@ from ctl.training import failures
 from ctl.training import job as job_lib
 from ctl.training import loop_plan
 from ctl.training import metric_reading
-from ctl.training import report
+from ctl.training import report as report_lib
 from ctl.training import schedule as schedule_lib
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
@@ -67,7 +67,7 @@ class Work:
   """
 
   actions: Sequence[actions_lib.Action]
-  report: report.Reporter
+  report: report_lib.Reporter
   checkpoint: checkpoint_manager.TrainingCheckpoint
   evaluation: actions_lib.Action | None = None
 

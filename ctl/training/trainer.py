@@ -17,7 +17,6 @@ calls down into them, never back into the Trainer.
 
 from absl import logging
 import ml_collections
-import tensorflow as tf
 
 from ctl import actions as actions_lib
 from ctl import storage
