@@ -2,7 +2,7 @@
 work due at its last step, and again.
 
 What each piece of work does is an action's (ctl/actions.py); when it is
-due, the schedule's (ctl/training/schedule.py), the one place that
+due, the schedule's (ctl/training/loop_plan.py), the one place that
 decides. Loops end at every step where some action is due by its step or
 epoch count or once (`When.at_steps`), so that logs, summaries,
 evaluations, checkpoints and a task's own actions happen at exact steps,
@@ -35,7 +35,6 @@ from ctl.training import job as job_lib
 from ctl.training import loop_plan
 from ctl.training import metric_reading
 from ctl.training import report as report_lib
-from ctl.training import schedule as schedule_lib
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 
@@ -116,7 +115,7 @@ class TrainLoop:
     has its train_loop); clock: the actions' clocks' (When.secs)."""
     self._runner, self._work, self._wiring = runner, work, wiring
     self._actions = [*work.actions, work.checkpoint]
-    self._schedule = schedule_lib.Schedule(
+    self._schedule = loop_plan.Schedule(
         [action.when for action in self._actions],
         steps_per_epoch=wiring.length.steps_per_epoch,
         total_steps=wiring.length.total_steps,
@@ -226,7 +225,7 @@ class TrainLoop:
         train_logs=self._work.report.latest, eval_results=self.eval_results,
         loop_means=logs, first_step=first_step)
 
-  def _run_due(self, event: actions_lib.Event, due: schedule_lib.Due) -> None:
+  def _run_due(self, event: actions_lib.Event, due: loop_plan.Due) -> None:
     """Runs the work due, lowest first; a log line's values and an
     evaluation's results go into the event for the work they make due,
     a request makes its work due, a rollback is done at once."""

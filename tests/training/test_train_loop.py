@@ -3,7 +3,7 @@ controller: a TrainLoop of a fake step runner (no TensorFlow training) and
 plain actions, one scheduling rule a test -- every interval, once at given
 steps, after each log line and evaluation, by the clock, an action's stop,
 its rollback, SIGTERM between loops, the checkpoint last -- and the
-schedule (ctl/training/schedule.py) alone."""
+schedule (ctl/training/loop_plan.py) alone."""
 
 import os
 import signal
@@ -18,7 +18,7 @@ from ctl.cluster import distribution
 from ctl.runtime import preemption
 from ctl.training import job as job_lib
 from ctl.training import loop as loop_lib
-from ctl.training import schedule as schedule_lib
+from ctl.training import loop_plan
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 
@@ -313,7 +313,7 @@ def test_the_schedule_alone_says_what_is_due_in_which_order():
            When(after_eval=True, steps=4),   # 4
            When(at_end=True),                # 5
            When(steps=8, on_request='checkpoint')]  # 6: the checkpoint
-  schedule = schedule_lib.Schedule(whens, steps_per_epoch=100,
+  schedule = loop_plan.Schedule(whens, steps_per_epoch=100,
                                    total_steps=20, report=1, evaluation=3)
   assert [(first, end) for first, end in schedule.plan(0, 100)] == [
       (0, 1), (1, 4), (4, 8), (8, 12), (12, 16), (16, 20)]
