@@ -49,8 +49,9 @@ class Evidence:
   best: dict | None
   diagnostics: list[tuple[float, str]]  # (written, path), oldest first.
   config: dict | None
-  is_run: bool  # Any file of a ctl run at all, damaged or not.
-  is_folder: bool  # Whether the workdir is a folder at all.
+  # 'run': some file of a ctl run, damaged or not; 'folder': a folder
+  # without one; 'nothing': no such folder.
+  kind: str
   problems: list[str]
 
 
@@ -70,11 +71,18 @@ def read(workdir: str) -> Evidence:
   return Evidence(
       workers=workers, results=results, checkpoint=checkpoint, best=best,
       diagnostics=_diagnostics(workdir), config=config,
-      is_run=bool(worker_files or checkpoint_state or config or
-                  _attempt(lambda: storage.exists(
-                      workdir_lib.results_path(workdir)), [])),
-      is_folder=bool(_attempt(lambda: storage.isdir(workdir), [])),
+      kind=_kind(workdir, bool(worker_files or checkpoint_state or config)),
       problems=problems)
+
+
+def _kind(workdir: str, has_files: bool) -> str:
+  """What the workdir is: 'run', 'folder' or 'nothing' (Evidence.kind);
+  has_files: whether a worker, checkpoint or config file was found."""
+  if has_files or _attempt(lambda: storage.exists(
+      workdir_lib.results_path(workdir)), []):
+    return 'run'
+  return 'folder' if _attempt(lambda: storage.isdir(workdir), []) else (
+      'nothing')
 
 
 def _attempt(read_file, problems: list[str], path: str | None = None):

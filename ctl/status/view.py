@@ -16,8 +16,9 @@ def render(workdir: str, now: float | None = None) -> str:
   """
   now = time.time() if now is None else now
   found = evidence_lib.read(workdir)
-  if not found.is_run:
-    where = 'it has no' if found.is_folder else 'no such folder, so no'
+  if found.kind != 'run':
+    where = ('it has no' if found.kind == 'folder' else
+             'no such folder, so no')
     raise errors.CtlError(
         f'{workdir} is not a ctl workdir: {where} workers/worker-<i>.json, '
         'results.json, checkpoints/checkpoint or config.json of a ctl run. '

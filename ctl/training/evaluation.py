@@ -26,11 +26,11 @@ from ctl import task as task_lib
 from ctl import task_hooks
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import manager as checkpoint_manager
-from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.data import in_memory
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import ema
+from ctl.training import job as job_lib
 from ctl.training import metric_reading
 from ctl.training import run_writers
 from ctl.training import task_calls
@@ -252,10 +252,10 @@ class TrainingEvaluation(actions_lib.Action):
                    'training does not evaluate.')
     self.last = None  # The latest results.
 
-  def run(self, event: actions_lib.Event) -> None:
-    """As an action: evaluates at the event's step."""
-    if self.evaluate(event.step) is not None:
-      event.eval_results, event.evaluated = self.last, True
+  def run(self, event: actions_lib.Event) -> dict | None:
+    """As an action: evaluates at the event's step; the results (the loop
+    hands them to the work after an evaluation), or None."""
+    return self.evaluate(event.step)
 
   def evaluate(self, step: int) -> dict | None:
     """Evaluates; keeps the best. None without eval data or evaluation."""
@@ -284,26 +284,25 @@ class TrainingEvaluation(actions_lib.Action):
 
 
 def for_training(config: ml_collections.ConfigDict, workdir: str, *,
-                 strategy: tf.distribute.Strategy, task: task_lib.Task,
+                 job: job_lib.Job, task: task_lib.Task,
                  context: tf.distribute.InputContext, eval_batch_size: int,
-                 task_info: distribution.Role,
-                 watchdog: watchdog_lib.Watchdog | None,
                  checkpoint: checkpoint_manager.TrainingCheckpoint
                  ) -> TrainingEvaluation:
   """A training run's evaluate action, due every config.intervals.eval_steps,
   each epoch, at the end and on request, keeping the best checkpoint."""
+  role = job.role
   best = best_lib.BestCheckpoint(
       workdir, config.evaluation.best_metric, config.evaluation.best_mode,
-      is_chief=task_info.is_chief, reread=task_info.num_workers == 1)
+      is_chief=role.is_chief, reread=role.num_workers == 1)
   evaluator = Evaluator(
-      strategy=strategy, task=task, context=context,
+      strategy=job.strategy, task=task, context=context,
       eval_batch_size=eval_batch_size, seed=config.seed,
       autograph=config.autograph,
       make_writer=lambda name: run_writers.eval_writer(
-          workdir_lib.summary_dir(workdir, 'eval'), name, task_info.is_chief),
-      watchdog=watchdog)
+          workdir_lib.summary_dir(workdir, 'eval'), name, role.is_chief),
+      watchdog=job.watchdog)
   return TrainingEvaluation(
-      evaluator, best, checkpoint, task=task, strategy=strategy,
+      evaluator, best, checkpoint, task=task, strategy=job.strategy,
       when=actions_lib.When(steps=config.intervals.eval_steps, epochs=1,
                             at_end=True, on_request='evaluate'),
-      enabled=not task_info.has_evaluator)
+      enabled=not role.has_evaluator)

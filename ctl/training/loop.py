@@ -1,21 +1,26 @@
-"""The Python loop around train_loop: runs loops of steps and, after each,
-the actions due (ctl/actions.py).
+"""The Python loop around train_loop: trains a loop of steps, then runs the
+work due at its last step, and again.
 
-Loops end at every step where some action is due by its step or epoch
-count or once (`When.at_steps`), so that logs, summaries, evaluations,
-checkpoints and a task's own actions happen at exact steps, the same on
-every worker (metric reads and checkpoint saves are collectives under
-MultiWorkerMirroredStrategy). No action is special: the checkpoint is the
-last of the list, due by its intervals, at the end, and on request
-(SIGTERM, its time interval, or an action's).
+What each piece of work does is an action's (ctl/actions.py); when it is
+due, the schedule's (ctl/training/loop_plan.py), the one place that
+decides. Loops end at every step where some action is due by its step or
+epoch count or once (`When.at_steps`), so that logs, summaries,
+evaluations, checkpoints and a task's own actions happen at exact steps,
+the same on every worker (metric reads and checkpoint saves are
+collectives under MultiWorkerMirroredStrategy). No action is special: the
+checkpoint is the last of the list, due by its intervals, at the end, and
+on request (SIGTERM, its time interval, or an action's); the report's log
+line and the evaluation's results are handed to the work that follows
+them.
 
 The loop calls down only: it is handed the run's checkpoint
 (ctl/checkpoints/manager.TrainingCheckpoint), which it saves as its last
 action and whose weights it puts back on an action's rollback.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import dataclasses
+import time
 from typing import Any
 
 from absl import logging
@@ -25,14 +30,11 @@ import tensorflow as tf
 from ctl import actions as actions_lib
 from ctl import errors
 from ctl.checkpoints import manager as checkpoint_manager
-from ctl.cluster import distribution
-from ctl.cluster import watchdog as watchdog_lib
-from ctl.cluster import worker_status
-from ctl.runtime import preemption
 from ctl.training import failures
+from ctl.training import job as job_lib
 from ctl.training import loop_plan
 from ctl.training import metric_reading
-from ctl.training import report
+from ctl.training import report as report_lib
 from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 
@@ -49,93 +51,93 @@ class Stopped:
 
 
 @dataclasses.dataclass(frozen=True)
+class Work:
+  """What runs after each loop: the actions that are due, in their order,
+  then the checkpoint.
+
+  Attributes:
+    actions: the report and the evaluation among them.
+    report: gets each loop's logs; its log line's values go to the work
+      after it (When.after_log).
+    checkpoint: saved as the last action; rolled back to (the weights
+      only) on an action's request.
+    evaluation: its results go to the work after it (When.after_eval);
+      None for none.
+  """
+
+  actions: Sequence[actions_lib.Action]
+  report: report_lib.Reporter
+  checkpoint: checkpoint_manager.TrainingCheckpoint
+  evaluation: actions_lib.Action | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Wiring:
-  """What the loop reads and tells, besides its steps and actions.
+  """What the loop reads and tells, besides its steps and work.
 
   Attributes:
     length: the run's batch sizes and step counts.
     steps_per_loop: the most steps in one loop.
-    strategy: the distribution strategy (the workers' agreements).
-    task_info: this worker's place in the job.
     task: the ctl.Task (handed to the actions in each Event).
     workdir: the run's workdir.
-    stop_signal: SIGTERM's request to stop.
+    job: the strategy, this worker's role, its watchdog (told of each loop
+      and action) and status (times each loop and action).
+    process: SIGTERM's request to stop; when the process started.
     speed: times the loops.
-    started: when the process started (speed_lib.process_start_time).
-    watchdog: told of each loop and action (multi-worker); None for one
-      worker.
-    status: times each loop and action (this worker's status file).
   """
 
   length: state_lib.TrainingLength
   steps_per_loop: int
-  strategy: tf.distribute.Strategy
-  task_info: distribution.Role
   task: Any
   workdir: str
-  stop_signal: preemption.StopSignal
+  job: job_lib.Job
+  process: job_lib.Process
   speed: speed_lib.SpeedMeter
-  started: float
-  watchdog: watchdog_lib.Watchdog | None
-  status: worker_status.WorkerStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trained:
+  """What a loop of steps gave: its mean logs, whether some worker asked
+  to stop (SIGTERM), the work some worker's clock says is due."""
+
+  logs: dict[str, float]
+  preempted: bool
+  timed: set[int]
 
 
 class TrainLoop:
-  """Runs planned loops of steps; after each, the checks and the actions
-  due, in their order, the checkpoint last."""
+  """Runs planned loops of steps; after each, the work due, in its order,
+  the checkpoint last."""
 
-  def __init__(self, wiring: Wiring, *, runner, reporter: report.Reporter,
-               actions: Sequence[actions_lib.Action],
-               checkpoint: checkpoint_manager.TrainingCheckpoint):
-    """Args as named.
-
-    Args:
-      runner: a ctl.training.steps.StepRunner.
-      reporter: gets each loop's logs; its report is one of the actions.
-      actions: in the order they run after a loop, before the checkpoint.
-      checkpoint: saved as the last action; rolled back to (the weights
-        only) on an action's request.
-    """
-    self._runner = runner
-    self._length = wiring.length
-    self._steps_per_loop = wiring.steps_per_loop
-    self._actions = [*actions, checkpoint]
-    self._checkpoint = checkpoint
-    self._reporter = reporter
-    self._stop_signal = wiring.stop_signal
-    self._speed = wiring.speed
-    self._wiring = wiring
-    self._is_chief = wiring.task_info.is_chief
-    self._num_workers = wiring.task_info.num_workers
-    self._status = wiring.status
+  def __init__(self, runner, work: Work, wiring: Wiring,
+               clock: Callable[[], float] = time.monotonic):
+    """Args as named; runner: a ctl.training.steps.StepRunner (or what
+    has its train_loop); clock: the actions' clocks' (When.secs)."""
+    self._runner, self._work, self._wiring = runner, work, wiring
+    self._actions = [*work.actions, work.checkpoint]
+    self._schedule = loop_plan.Schedule(
+        [action.when for action in self._actions],
+        steps_per_epoch=wiring.length.steps_per_epoch,
+        total_steps=wiring.length.total_steps,
+        report=self._actions.index(work.report),
+        evaluation=(None if work.evaluation is None else
+                    self._actions.index(work.evaluation)), clock=clock)
+    self._role = wiring.job.role
     # Unless an action handles it (a rollback), a log that is not finite
     # stops the run before any action runs.
     self._stop_on_divergence = not any(action.handles_divergence
                                        for action in self._actions)
-    self._worker_sum = metric_reading.WorkerSum(wiring.strategy)
-    # The actions due by time, on some worker's clock, agreed in train_loop.
-    self._clocks = {index: actions_lib.Clock(action.when.secs)
-                    for index, action in enumerate(self._actions)
-                    if action.when.secs}
+    self._worker_sum = metric_reading.WorkerSum(wiring.job.strategy)
     self.eval_results = None  # The latest evaluation's.
     self.first_step_seconds = None
     self._tensors = {}  # {value: int32 tensor}, see _int32_tensor.
 
   def plan(self, step: int) -> loop_plan.LoopPlan:
-    """The loops from `step` to the end: they end where some action is due
-    by its step or epoch count, or once (the one-off steps still ahead)."""
-    every = sorted({every for action in self._actions
-                    for every in action.when.step_intervals(
-                        self._length.steps_per_epoch)})
-    at = sorted({at for action in self._actions
-                 for at in action.when.one_off_steps()
-                 if step < at < self._length.total_steps})
-    return loop_plan.LoopPlan(step, self._length.total_steps,
-                             self._length.steps_per_epoch,
-                             self._steps_per_loop, tuple(every), tuple(at))
+    """The loops from `step` to the end (Schedule.plan)."""
+    return self._schedule.plan(step, self._wiring.steps_per_loop)
 
   def run(self, iterator, loops: loop_plan.LoopPlan) -> Stopped | None:
-    """Runs the planned loops and the actions due after each.
+    """Runs the planned loops and the work due after each.
 
     Returns:
       Stopped when an action stopped training early; None at the end.
@@ -145,67 +147,62 @@ class TrainLoop:
       CtlError: when a log is not finite (nothing saved after the loop
         before).
     """
-    total_steps = self._length.total_steps
-    logging.info('Training from step %d to %d (epoch %d of %d, %d steps each)',
-                 loops.start, total_steps,
-                 loops.start // self._length.steps_per_epoch + 1,
-                 self._length.num_epochs, self._length.steps_per_epoch)
-    for previous_step, step in loops:
-      preempted, time_due, logs = self._train(iterator, previous_step, step)
-      event = actions_lib.Event(
-          step=step, steps_per_epoch=self._length.steps_per_epoch,
-          total_steps=total_steps, task=self._wiring.task,
-          workdir=self._wiring.workdir,
-          is_chief=self._is_chief, train_logs=self._reporter.latest,
-          eval_results=self.eval_results, loop_means=logs,
-          first_step=previous_step)
-      if preempted:
+    self._log_start(loops.start)
+    for first_step, step in loops:
+      trained = self._train(iterator, first_step, step)
+      event = self._event(first_step, step, trained.logs)
+      if trained.preempted:
         event.request_checkpoint()
-      self._run_actions(event, time_due)
+      self._run_due(event, self._schedule.after_loop(
+          step, tuple(event.requests), trained.timed))
       # An action's stop first: its checkpoint says training ended there.
-      if 'stop' in event.requests and step < total_steps:
-        reason = event.requests['stop']
-        logging.info('Stopped at step %d of %d: %s', step, total_steps, reason)
-        return Stopped(step, reason)
-      if preempted and step < total_steps:
-        raise errors.Preempted(
-            f'Stopped by {self._stop_signal.received or "SIGTERM"} after step '
-            f'{step} of {total_steps}, with a '
-            f'checkpoint of step {step}. Run the same command again to '
-            'resume from it.')
+      stopped = self._stopped(event)
+      if stopped:
+        return stopped
+      if trained.preempted and step < event.total_steps:
+        raise self._preempted(step)
     return None
 
-  def _train(self, iterator, previous_step: int,
-             step: int) -> tuple[bool, set[int], dict[str, float]]:
-    """One loop of steps; whether some worker asked to stop (SIGTERM), the
-    actions some worker's clock says are due, and the loop's logs."""
-    num_steps = step - previous_step
-    timed = sorted(self._clocks)
-    requests = self._int32_tensor((
-        self._stop_signal.requested,
-        *(self._clocks[index].due() for index in timed)))
-    self._speed.start()
-    with self._status.phase('training', step):
+  def _log_start(self, step: int) -> None:
+    """Logs where training starts and ends."""
+    length = self._wiring.length
+    logging.info('Training from step %d to %d (epoch %d of %d, %d steps each)',
+                 step, length.total_steps,
+                 step // length.steps_per_epoch + 1, length.num_epochs,
+                 length.steps_per_epoch)
+
+  def _train(self, iterator, first_step: int, step: int) -> _Trained:
+    """One loop of steps, from first_step to step; its logs go to the
+    report."""
+    num_steps = step - first_step
+    requests = self._int32_tensor((self._wiring.process.stop_signal.requested,
+                                   *self._schedule.clocks_due()))
+    self._wiring.speed.start()
+    with self._wiring.job.status.phase('training', step):
       outputs = self._runner.train_loop(
           iterator, self._int32_tensor(num_steps), requests,
-          read_metrics=self._reporter.due_at(step))
+          read_metrics=self._schedule.report_due_at(step))
       logs = {name: float(value) for name, value in outputs['logs'].items()}
     loop_logs = {name: float(value)
                  for name, value in outputs['loop_logs'].items()}
     agreed = (outputs['requests'].numpy() > 0).tolist()
-    if self._speed.stop(num_steps):
-      self.first_step_seconds = speed_lib.seconds_since(
-          self._wiring.started)
-      # A resumed run's first loop is as long as an uninterrupted run's.
-      logging.info('%s done %.1f s after the process started',
-                   'First step' if num_steps == 1 else
-                   f'First loop (steps {previous_step + 1}..{step})',
-                   self.first_step_seconds)
+    self._time_first_loop(first_step, step)
     if self._stop_on_divergence:
-      failures.check_finite(logs, previous_step, step)
-    self._reporter.add(logs, num_steps, loop_logs, outputs.get('metrics'))
-    return (agreed[0],
-            {index for index, due in zip(timed, agreed[1:]) if due}, logs)
+      failures.check_finite(logs, first_step, step)
+    self._work.report.add(logs, num_steps, loop_logs, outputs.get('metrics'))
+    return _Trained(logs, agreed[0], self._schedule.timed(agreed[1:]))
+
+  def _time_first_loop(self, first_step: int, step: int) -> None:
+    """Times the loop; logs when the process's first loop is done."""
+    if not self._wiring.speed.stop(step - first_step):
+      return
+    self.first_step_seconds = speed_lib.seconds_since(
+        self._wiring.process.started)
+    # A resumed run's first loop is as long as an uninterrupted run's.
+    logging.info('%s done %.1f s after the process started',
+                 'First step' if step - first_step == 1 else
+                 f'First loop (steps {first_step + 1}..{step})',
+                 self.first_step_seconds)
 
   def _int32_tensor(self, value: int | tuple[bool, ...]) -> tf.Tensor:
     """value as an int32 tensor, made once: a loop's arguments take few
@@ -217,49 +214,66 @@ class TrainLoop:
       self._tensors[value] = tf.constant(value, tf.int32)
     return self._tensors[value]
 
-  def _run_actions(self, event: actions_lib.Event, time_due: set[int]) -> None:
-    """Runs the actions due, in order; a request, a log line or an
-    evaluation can make later and earlier ones due. Each runs once, or
-    again for a log line or evaluation that came after it ran (a stop
-    requested after the log writes the log line at the end).
+  def _event(self, first_step: int, step: int,
+             logs: dict[str, float]) -> actions_lib.Event:
+    """What the actions see after the loop from first_step to step."""
+    length = self._wiring.length
+    return actions_lib.Event(
+        step=step, steps_per_epoch=length.steps_per_epoch,
+        total_steps=length.total_steps, task=self._wiring.task,
+        workdir=self._wiring.workdir, is_chief=self._role.is_chief,
+        train_logs=self._work.report.latest, eval_results=self.eval_results,
+        loop_means=logs, first_step=first_step)
+
+  def _run_due(self, event: actions_lib.Event, due: loop_plan.Due) -> None:
+    """Runs the work due, lowest first; a log line's values and an
+    evaluation's results go into the event for the work they make due,
+    a request makes its work due, a rollback is done at once."""
+    watchdog = self._wiring.job.watchdog  # None for one worker.
+    for index in due:
+      if watchdog:
+        watchdog.beat()  # After the loop and each action.
+      requested = set(event.requests)
+      results = self._run_action(self._actions[index], event)
+      if results is not None and index == self._schedule.report:
+        event.train_logs, event.logged = results, True
+      if results is not None and index == self._schedule.evaluation:
+        event.eval_results, event.evaluated = results, True
+      due.gave(index, results)
+      new = [name for name in event.requests if name not in requested]
+      due.requested(new)
+      if 'rollback' in new:
+        self._roll_back(event)
+    if watchdog:
+      watchdog.beat()
+    self.eval_results = event.eval_results
+
+  def _run_action(self, action: actions_lib.Action,
+                  event: actions_lib.Event) -> Any:
+    """Runs one action; what it gave (a report's or an evaluation's
+    results, which run on every worker; None for a chief-only one).
 
     A chief-only action's requests count once the workers agreed on them
     (one small all-reduce): every worker knows which actions are due, so
     every worker takes part.
     """
-    ran = {}  # {index: (logged, evaluated) when it ran}
-    rolled_back = False
-    while True:
-      if self._wiring.watchdog:  # After the loop and each action.
-        self._wiring.watchdog.beat()
-      if 'rollback' in event.requests and not rolled_back:
-        rolled_back = True
-        self._roll_back(event)
-      due = next((index for index, action in enumerate(self._actions)
-                  if self._due(action, index, event, time_due, ran)), None)
-      if due is None:
-        break
-      ran[due] = (event.logged, event.evaluated)
-      action = self._actions[due]
-      if due in self._clocks:
-        self._clocks[due].reset()
-      if action.on_every_worker or self._num_workers == 1:
-        with self._status.phase(action.name):
-          action.run(event)
-        continue
-      before = dict(event.requests)
-      if self._is_chief:
-        with self._status.phase(action.name):
-          action.run(event)
-      made = {name: reason for name, reason in event.requests.items()
-              if name not in before}
-      event.requests = {**before, **self._agree(made)}
-    self.eval_results = event.eval_results
+    status = self._wiring.job.status
+    if action.on_every_worker or self._role.num_workers == 1:
+      with status.phase(action.name):
+        return action.run(event)
+    before = dict(event.requests)
+    if self._role.is_chief:
+      with status.phase(action.name):
+        action.run(event)
+    made = {name: reason for name, reason in event.requests.items()
+            if name not in before}
+    event.requests = {**before, **self._agree(made)}
+    return None
 
   def _roll_back(self, event: actions_lib.Event) -> None:
     """Puts back the latest checkpoint's weights; the data goes on."""
-    restored = self._checkpoint.restore_weights()
-    self._reporter.restored()
+    restored = self._work.checkpoint.restore_weights()
+    self._work.report.restored()
     logging.warning(
         'Rolled back after step %d: %s. The weights of step %d are back; '
         'the data of steps %d..%d is skipped.', event.step,
@@ -273,20 +287,19 @@ class TrainLoop:
     return {name: requests.get(name, 'an action on the chief asked')
             for name, flag in zip(actions_lib.REQUESTS, agreed) if flag > 0}
 
-  def _due(self, action: actions_lib.Action, index: int,
-           event: actions_lib.Event, time_due: set[int],
-           ran: dict[int, tuple[bool, bool]]) -> bool:
-    """Whether the action at `index` is due (again) after this loop."""
-    when = action.when
-    if index in ran:
-      logged, evaluated = ran[index]
-      return bool((when.after_log and event.logged and not logged) or
-                  (when.after_eval and event.evaluated and not evaluated))
-    return bool(
-        when.due_at(event.step, self._length.steps_per_epoch, event.end) or
-        (when.after_log and event.logged) or
-        (when.after_eval and event.evaluated) or
-        when.every_loop or
-        (when.on_request and when.on_request in event.requests) or
-        index in time_due)
+  def _stopped(self, event: actions_lib.Event) -> Stopped | None:
+    """An action's stop before the last step, logged; else None."""
+    if 'stop' not in event.requests or event.step >= event.total_steps:
+      return None
+    reason = event.requests['stop']
+    logging.info('Stopped at step %d of %d: %s', event.step,
+                 event.total_steps, reason)
+    return Stopped(event.step, reason)
 
+  def _preempted(self, step: int) -> errors.Preempted:
+    """What SIGTERM's stop after `step` (a checkpoint saved) raises."""
+    total_steps = self._wiring.length.total_steps
+    return errors.Preempted(
+        f'Stopped by {self._wiring.process.stop_signal.received or "SIGTERM"} '
+        f'after step {step} of {total_steps}, with a checkpoint of step '
+        f'{step}. Run the same command again to resume from it.')

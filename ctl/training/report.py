@@ -50,13 +50,6 @@ class Reporter(actions_lib.Action):
     self._metric_results = None  # Read by the loop, for the next report.
     self.latest: dict[str, float] = {}  # The latest report's values.
 
-  def due_at(self, step: int) -> bool:
-    """Whether the report is due after `step` by its counts or as the end
-    of training (not by a request: a stop's report reads the metrics
-    itself)."""
-    return self.when.due_at(step, self._length.steps_per_epoch,
-                            step >= self._length.total_steps)
-
   def add(self, logs: dict[str, float], num_steps: int,
           loop_logs: dict[str, float], metric_results=None) -> None:
     """Adds a loop's mean logs; keeps its loop_logs, the latest, and the
@@ -84,16 +77,18 @@ class Reporter(actions_lib.Action):
     """Takes back the sums state() returned at the checkpoint resumed."""
     self._sums, self._steps = dict(state['sums']), state['steps']
 
-  def run(self, event: actions_lib.Event) -> None:
-    """As an action: the report."""
-    self.report(event)
+  def run(self, event: actions_lib.Event) -> dict[str, float] | None:
+    """As an action: the report; its values (the loop hands them to the
+    work after a log line), or None when it wrote no line."""
+    return self.report(event)
 
-  def report(self, event: actions_lib.Event) -> None:
-    """Logs (and at summary steps summarises) everything since the last."""
+  def report(self, event: actions_lib.Event) -> dict[str, float] | None:
+    """Logs (and at summary steps summarises) everything since the last;
+    returns the values logged, or None when there was nothing to log."""
     if not self._steps:
       # A rollback at this step left no step to report (its warning says
       # so): no log line; the actions after one do not run.
-      return
+      return None
     step = event.step
     scalars = {name: total / self._steps for name, total in self._sums.items()}
     self._sums, self._steps = {}, 0
@@ -110,8 +105,8 @@ class Reporter(actions_lib.Action):
     if self._summary_when.due_at(step, self._length.steps_per_epoch,
                                  event.end):
       self._writer.write_scalars(step, scalars)
-    self.latest = event.train_logs = scalars
-    event.logged = True
+    self.latest = scalars
     self._line.write_scalars(step, scalars)
     if event.end:
       self._line.flush()  # A live line on a terminal scrolls at the end.
+    return scalars

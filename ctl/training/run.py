@@ -26,6 +26,7 @@ from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import checkpoint_evaluation
 from ctl.training import failures
+from ctl.training import job as job_lib
 from ctl.training import speed as speed_lib
 from ctl.training import trainer as trainer_lib
 
@@ -73,9 +74,9 @@ def train_and_evaluate(
     try:
       with watchdog or contextlib.nullcontext():
         trainer = trainer_lib.Trainer(
-            config, workdir, strategy=strategy, task_info=role,
-            task_class=task_class, stop_signal=stop_signal, started=started,
-            workdir_lock=workdir_lock, watchdog=watchdog, status=status)
+            config, workdir, task_class=task_class,
+            job=job_lib.Job(strategy, role, watchdog, status),
+            process=job_lib.Process(stop_signal, workdir_lock, started))
         results, finished_now = trainer.run()
       if on_finish:
         on_finish(role, finished_now)

@@ -12,6 +12,7 @@ would convert them.
 """
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import tensorflow as tf
@@ -28,16 +29,38 @@ from ctl.training import task_calls
 
 
 
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """How each training step runs.
+
+  Attributes:
+    global_batch_size: the examples of a step, over every replica.
+    seed: the run's seed (the step context's).
+    steps_per_epoch: the steps of an epoch.
+    jit_compile: what XLA compiles ('off', 'step', 'loop'), as
+      ctl.training.xla.resolve decided.
+    all_reduce_dtype: the gradients' all-reduce dtype (the step context's).
+    summary_steps: steps between the tf.summary records of a task's step.
+    autograph: convert the task's Python control flow (config.autograph).
+    accumulate_steps: micro-batches per update, for ctx.accumulate.
+  """
+
+  global_batch_size: int
+  seed: int
+  steps_per_epoch: int
+  jit_compile: str = 'off'
+  all_reduce_dtype: str = 'float32'
+  summary_steps: int = 0
+  autograph: bool = True
+  accumulate_steps: int = 1
+
+
 class StepRunner:
   """A task's train_step looped inside tf.functions, with the step context."""
 
   def __init__(self, *, strategy: tf.distribute.Strategy,
                task: task_lib.Task, train_input: inputs.TrainInput,
-               state: state_lib.TrainState,
-               global_batch_size: int, seed: int, steps_per_epoch: int,
-               jit_compile: str = 'off', all_reduce_dtype: str = 'float32',
-               summary_steps: int = 0, autograph: bool = True,
-               accumulate_steps: int = 1,
+               state: state_lib.TrainState, options: StepOptions,
                train_metrics: metric_reading.MetricReader | None = None,
                steps_done: tf.Variable | None = None,
                input_wait: input_wait_lib.InputWait | None = None):
@@ -45,11 +68,7 @@ class StepRunner:
 
     Args:
       train_input: the task's training data as the loop reads it.
-      jit_compile: what XLA compiles ('off', 'step', 'loop'), as
-        ctl.training.xla.resolve decided.
-      summary_steps: steps between the tf.summary records of a task's step.
-      autograph: convert the task's Python control flow (config.autograph).
-      accumulate_steps: micro-batches per update, for ctx.accumulate.
+      options: how each step runs.
       train_metrics: the task's train metrics, read at a loop's end when
         asked (`train_loop`'s read_metrics).
       steps_done: an int64 variable to count each step in, as it is done
@@ -61,18 +80,19 @@ class StepRunner:
     self._task = task
     self._input = train_input
     self._state = state
-    self._global_batch_size = global_batch_size
-    self._seed = seed
-    self._steps_per_epoch = steps_per_epoch
-    self._all_reduce_dtype = all_reduce_dtype
-    self._summary_steps = summary_steps
-    self._autograph = autograph
-    self._accumulate_steps = accumulate_steps
+    self._global_batch_size = options.global_batch_size
+    self._seed = options.seed
+    self._steps_per_epoch = options.steps_per_epoch
+    self._all_reduce_dtype = options.all_reduce_dtype
+    self._summary_steps = options.summary_steps
+    self._autograph = options.autograph
+    self._accumulate_steps = options.accumulate_steps
     self._local_replicas = distribution.local_replicas(strategy)
     self._train_metrics = train_metrics or metric_reading.MetricReader([])
     self._steps_done = steps_done
     self._read_input = (input_wait.timed
-                        if input_wait is not None and jit_compile != 'loop' else
+                        if input_wait is not None and
+                        options.jit_compile != 'loop' else
                         lambda read: read())
     # The step, traced once and called by every trace of the loop (one with
     # the metrics' read, one without).
@@ -80,7 +100,7 @@ class StepRunner:
     self._iterator = None
     self._loop_function = None
     self._calls = {}  # {read_metrics: the traced loop, called flat}
-    self._compile(jit_compile)
+    self._compile(options.jit_compile)
 
   def _compile(self, jit_compile: str) -> None:
     """What XLA compiles: a step takes the loop's indices and its number,

@@ -17,7 +17,6 @@ calls down into them, never back into the Trainer.
 
 from absl import logging
 import ml_collections
-import tensorflow as tf
 
 from ctl import actions as actions_lib
 from ctl import metric_writers
@@ -27,15 +26,13 @@ from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import data_positions
 from ctl.checkpoints import manager as checkpoint_manager
 from ctl.cluster import distribution
-from ctl.cluster import watchdog as watchdog_lib
-from ctl.cluster import worker_status
 from ctl.data import inputs
 from ctl.metric_writers import tensorboard
-from ctl.runtime import preemption
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import builtin_actions
 from ctl.training import evaluation
+from ctl.training import job as job_lib
 from ctl.training import loop as loop_lib
 from ctl.training import loop_plan
 from ctl.training import metric_reading
@@ -54,28 +51,25 @@ class Trainer:
   """A task built for training, with everything around its loop."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, *,
-               strategy: tf.distribute.Strategy, task_info: distribution.Role,
-               task_class: type[task_lib.Task],
-               stop_signal: preemption.StopSignal, workdir_lock,
-               started: float, watchdog: watchdog_lib.Watchdog | None = None,
-               status: worker_status.WorkerStatus | None = None):
+               task_class: type[task_lib.Task], job: job_lib.Job,
+               process: job_lib.Process):
     """Args as named.
 
     Args:
-      watchdog: bounds each wait for a peer (ctl/cluster/watchdog.py), told
-        of each step, loop, action and evaluation batch; None for one worker.
-      status: this worker's status file (ctl/cluster/worker_status.py);
-        None for none.
+      job: the strategy, this worker's role, its watchdog (bounds each wait
+        for a peer: told of each step, loop, action and evaluation batch)
+        and its status file.
+      process: SIGTERM's stop signal, the workdir's lock, when the process
+        started.
     """
     self.config = config
     self.workdir = workdir
-    self.strategy = strategy
-    self.task_info = task_info
-    self.stop_signal = stop_signal
-    self.workdir_lock = workdir_lock
-    self.started = started
-    self.watchdog = watchdog
-    self.status = status or worker_status.WorkerStatus(None)
+    self.job, self.process = job, process
+    self.strategy = strategy = job.strategy
+    self.task_info = task_info = job.role
+    self.workdir_lock = process.workdir_lock
+    self.watchdog = job.watchdog
+    self.status = job.status
     assembled = assemble_lib.assemble(config, strategy, task_info, task_class,
                                       self.watchdog)
     self.task, self.state = assembled.task, assembled.state
@@ -102,9 +96,8 @@ class Trainer:
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
     self.evaluation = evaluation.for_training(
-        config, workdir, strategy=strategy, task=self.task,
-        context=self.context, eval_batch_size=self.length.eval_batch_size,
-        task_info=task_info, watchdog=self.watchdog,
+        config, workdir, job=job, task=self.task, context=self.context,
+        eval_batch_size=self.length.eval_batch_size,
         checkpoint=self.checkpoint)
 
   def _build_input(self, assembled: assemble_lib.Assembled) -> None:
@@ -205,18 +198,18 @@ class Trainer:
         self.train_input.make_iterator(one_step))
 
   def _step_runner(self, train_metrics) -> steps_lib.StepRunner:
+    config = self.config
+    options = steps_lib.StepOptions(
+        global_batch_size=self.length.global_batch_size, seed=config.seed,
+        steps_per_epoch=self.length.steps_per_epoch,
+        jit_compile=self.jit_compile,
+        all_reduce_dtype=config.distribution.all_reduce_dtype,
+        summary_steps=config.intervals.summary_steps,
+        autograph=config.autograph, accumulate_steps=config.accumulate_steps)
     return steps_lib.StepRunner(
         strategy=self.strategy, task=self.task, train_input=self.train_input,
-        state=self.state, global_batch_size=self.length.global_batch_size,
-        seed=self.config.seed, steps_per_epoch=self.length.steps_per_epoch,
-        jit_compile=self.jit_compile,
-        all_reduce_dtype=self.config.distribution.all_reduce_dtype,
-        summary_steps=self.config.intervals.summary_steps,
-        autograph=self.config.autograph,
-        accumulate_steps=self.config.accumulate_steps,
-        train_metrics=train_metrics,
-        steps_done=self.watchdog.steps if self.watchdog else None,
-        input_wait=self.status.input_wait)
+        state=self.state, options=options, train_metrics=train_metrics,
+        steps_done=self.watchdog.steps if self.watchdog else None, input_wait=self.status.input_wait)
 
   def train(self) -> loop_lib.Stopped | None:
     """Trains to the last step, or until an action stops training.
@@ -234,10 +227,11 @@ class Trainer:
         return self._stopped
       train_metrics = metric_reading.MetricReader(self.task.train_metrics)
       reporter = self._reporter(train_metrics, writer)
-      self.loop = loop_lib.TrainLoop(
-          self._wiring(), runner=self._step_runner(train_metrics),
-          reporter=reporter, actions=self._actions(reporter),
-          checkpoint=self.checkpoint)
+      work = loop_lib.Work(self._actions(reporter), report=reporter,
+                           checkpoint=self.checkpoint,
+                           evaluation=self.evaluation)
+      self.loop = loop_lib.TrainLoop(self._step_runner(train_metrics), work,
+                                     self._wiring())
       return self._run_loop(step)
     finally:
       writer.close()  # What it wrote is whole on disk, whatever happened.
@@ -261,9 +255,8 @@ class Trainer:
     """What the loop reads and tells, besides its steps and actions."""
     return loop_lib.Wiring(
         length=self.length, steps_per_loop=self.config.steps_per_loop,
-        strategy=self.strategy, task_info=self.task_info, task=self.task,
-        workdir=self.workdir, stop_signal=self.stop_signal, speed=self.speed,
-        started=self.started, watchdog=self.watchdog, status=self.status)
+        task=self.task, workdir=self.workdir, job=self.job,
+        process=self.process, speed=self.speed)
 
   def _run_loop(self, step: int) -> loop_lib.Stopped | None:
     """Runs the loop from `step`, with the steps' summary writer open."""

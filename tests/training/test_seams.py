@@ -18,6 +18,7 @@ from ctl.cluster import distribution
 from ctl.runtime import preemption
 from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
+from ctl.training import job as job_lib
 from ctl.training import trainer as trainer_lib
 import helpers
 
@@ -33,9 +34,10 @@ def _trainer(workdir, task_class=None, **fields):
   with preemption.StopSignal() as stop_signal, workdir_lib.Lock(
       str(workdir)) as lock:
     yield trainer_lib.Trainer(
-        config, str(workdir), strategy=strategy, task_info=task_info,
+        config, str(workdir),
         task_class=task_class or builtin_tasks.resolve(config.task),
-        stop_signal=stop_signal, workdir_lock=lock, started=time.time())
+        job=job_lib.Job(strategy, task_info),
+        process=job_lib.Process(stop_signal, lock, time.time()))
 
 
 class _Steer(ctl.Action):
