@@ -595,7 +595,7 @@ def test_a_failed_trial_is_failed_with_its_log_and_the_study_goes_on(tmp_path):
   assert f'FAILED with {why}' in run.output
   assert 'diverged' in log.read_text()
   assert sorted(row['state'] for row in _read_csv(workdir / 'results.csv')) \
-      == ['COMPLETE', 'FAIL']
+      == ['COMPLETE', 'COMPLETE', 'FAIL']
 
 
 # One two-worker trial, then one trial of a metric not there, where a test
