@@ -145,9 +145,10 @@ class TrialProcesses:
       return subprocesses.start(list(command), stdout=log)
     while self._idle:
       slot = self._idle.pop()
-      if slot.process.poll() is None:
+      try:
         return SlotRun(slot, command, log)
-      slot.close()  # Killed while idle.
+      except BrokenPipeError:
+        slot.close()  # Killed while idle.
     return SlotRun(_Slot(), command, log)
 
   def finished(self, process) -> dict:

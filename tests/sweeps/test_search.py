@@ -509,6 +509,9 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
       first.process)
   first.process.send_signal(signal.SIGKILL)
   first.wait()
+  # The trial's process (a warm slot's, not naming the workdir) too.
+  helpers.wait_until_gone(int(re.findall(r'trial-0000: started \(pid (\d+)\)',
+                                         first.output)[-1]))
   deadline = time.monotonic() + 60
   while helpers.processes_mentioning(str(trial_dir)):  # Dies with its parent.
     assert time.monotonic() < deadline, 'the trial outlived its sweep'

@@ -394,7 +394,7 @@ def test_a_killed_or_sigtermed_sweep_is_resumed_by_the_same_command(tmp_path):
   runner.wait()
   # The running trial (its warm slot) died with its runner: nothing trains
   # unwatched.
-  _wait_until_gone(_trial_pid(runner.output, second.name))
+  helpers.wait_until_gone(_trial_pid(runner.output, second.name))
   assert not helpers.processes_mentioning(str(second))
   finished_files = _trained_files(first)
   killed_at = helpers.latest_checkpoint_step(second)
@@ -411,7 +411,7 @@ def test_a_killed_or_sigtermed_sweep_is_resumed_by_the_same_command(tmp_path):
   assert 'FAILED' not in runner.output
   assert not third.exists()  # Not started after the signal.
   assert not helpers.processes_mentioning(str(second))
-  _wait_until_gone(_trial_pid(runner.output, second.name))
+  helpers.wait_until_gone(_trial_pid(runner.output, second.name))
   assert json.loads((second / 'trial.json').read_text())['warm']
 
   rerun = helpers.Watched(_sweep_command(sweep_file, workdir))
@@ -425,21 +425,6 @@ def test_a_killed_or_sigtermed_sweep_is_resumed_by_the_same_command(tmp_path):
 def _trial_pid(output: str, name: str) -> int:
   """The pid of the process that ran trial `name` last, as its runner said."""
   return int(re.findall(rf'{name}: started \(pid (\d+)\)', output)[-1])
-
-
-def _wait_until_gone(pid: int, timeout: float = 60) -> None:
-  """Waits until process pid is gone (or a zombie), at most timeout s."""
-  deadline = time.monotonic() + timeout
-  while True:
-    try:
-      with open(f'/proc/{pid}/stat', encoding='utf-8',
-                errors='replace') as file:
-        if file.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X'):
-          return
-    except FileNotFoundError:
-      return
-    assert time.monotonic() < deadline, f'process {pid} still runs'
-    time.sleep(0.05)
 
 
 def _wait_for_checkpoint_after(workdir: pathlib.Path, step: int, process,
