@@ -295,7 +295,8 @@ class _Runner:
       record = trial.record()
       record.update(
           overrides=trial.overrides, exit_code=process.returncode,
-          **self._processes.finished(process), wall_seconds=record.get('wall_seconds', 0.0) +
+          **self._processes.finished(process),
+          wall_seconds=record.get('wall_seconds', 0.0) +
           time.monotonic() - started)
       record.pop('error', None)
       if error:

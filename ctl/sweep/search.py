@@ -10,9 +10,10 @@ lives no trial is left RUNNING unheld. A trial a signal killed is started
 again (study.MAX_RESTARTS); a storage that stops answering is waited for
 (study.Outage) while the trials run on.
 
-A trial is a `python -m ctl.main` run, in a warm slot or a process of its
-own as a grid's trials are (ctl/sweep/slots.py), in <workdir>/trial-NNNN, told by config.search where its study is (its chief
-reports each evaluation and stops when pruned, ctl/training/pruning.py).
+A trial is a `python -m ctl.main` run (a warm slot's or a process's own,
+ctl/sweep/slots.py), as a grid's trials are, in <workdir>/trial-NNNN,
+told by config.search where its study is (its chief reports each
+evaluation and stops when pruned, ctl/training/pruning.py).
 """
 
 import os
@@ -286,7 +287,8 @@ class Runner:
       trial.publish_log()
       record = trial.record()
       record.update(overrides=trial.overrides, exit_code=process.returncode,
-                    **self._processes.finished(process), wall_seconds=record.get('wall_seconds', 0.0) +
+                    **self._processes.finished(process),
+                    wall_seconds=record.get('wall_seconds', 0.0) +
                     time.monotonic() - started)
       record.pop('error', None)
       if error:
