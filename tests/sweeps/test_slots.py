@@ -6,6 +6,7 @@ import time
 
 from ctl import errors
 from ctl.sweep import slots as slots_lib
+import helpers
 
 
 def _finish(process, timeout: float = 300) -> int:
@@ -46,6 +47,20 @@ def test_a_slot_runs_trial_after_trial_until_its_limit_then_a_fresh_one(
     assert slot.usable(slots_lib.SlotLimits(trials=2, memory_mb=10**6))
     assert not slot.usable(slots_lib.SlotLimits(trials=2, memory_mb=1))
     assert 100 < slots_lib.resident_mb(slot.process.pid) < 10**6
+
+    # A run the slot refuses (one of a cluster) runs in a process of its own.
+    with open(tmp_path / 'refused.txt', 'a') as log:
+      process = processes.start(
+          (sys.executable, '-m', 'ctl.main', f'--config={helpers.DIGITS}',
+           f'--workdir={tmp_path / "w"}',
+           '--config.distribution.strategy=multi_worker'), log)
+      assert _finish(process) == errors.EXIT_USAGE
+      assert process.pid != slot.process.pid
+      assert processes.finished(process) == {'pid': process.pid,
+                                              'warm': False}
+    text = (tmp_path / 'refused.txt').read_text()
+    assert '(not run warm: it is a multi-worker run' in text, text
+    assert 'ctl: error: distribution.strategy=' in text, text
   finally:
     processes.close()
   assert slot.process.returncode == 0  # Ended at the end of its input.
