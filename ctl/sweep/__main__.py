@@ -2,8 +2,10 @@
 
     python -m ctl.sweep --sweep=experiments/digits_lr.py --workdir=/tmp/sweeps/lr --parallel=2
 
-Every trial is a `python -m ctl.main` process (through `ctl.launch` when the
-sweep asks for several workers) in a workdir of its own, named after its
+Every trial is a `python -m ctl.main` run, one after another in a warm
+process per --parallel slot (ctl/sweep/slots.py; --warm_trials=false: a
+process each; `ctl.launch` when the sweep asks for several workers) in a
+workdir of its own, named after its
 overrides; the command is saved in sweep.json, so any trial can also be run
 alone. All trials' overrides are checked before any trial starts. Running
 the same command again skips finished trials and resumes unfinished ones
@@ -11,7 +13,7 @@ from their checkpoints. A failed trial is reported and the others go on.
 
 Writes, in --workdir:
     sweep.json            the plan: config, metric, each trial's overrides and command
-    <trial>/              the trial's workdir, its log.txt and trial.json (exit code, error line, wall time)
+    <trial>/              the trial's workdir, its log.txt and trial.json (exit code, error line, wall time, pid, warm)
     results.csv           one row per trial: overrides, final metrics, step, wall time
     <metric>.png          the metric against each swept hyperparameter
     events.*.hparams      TensorBoard HParams (with one per trial workdir)
