@@ -15,7 +15,9 @@ It reads one JSON object a line on stdin, each one run:
 process's own), `env` (variables set for this run over the process's own
 environment; null unsets one) and `cpu_devices` (default 1) are optional;
 `log` is the file that gets the run's stdout and stderr (file descriptors
-1 and 2, so TensorFlow's C++ lines too), written anew. It answers one line
+1 and 2, so TensorFlow's C++ lines too), written anew, or appended to
+with `"append": true` (a sweep trial's log.txt keeps its earlier runs'
+lines). It answers one line
 each, in order, on stdout:
 
     {"exit_code": 0}            the code `python -m ctl.main` would exit with
@@ -60,7 +62,8 @@ _CPU_DEVICES = flags.DEFINE_integer(
 def run_request(request: dict[str, Any], cpu_devices: int) -> dict[str, Any]:
   """Runs one request (the module docstring's JSON object); returns its
   answer."""
-  with _output_to(request['log']), fresh_state.restored_after():
+  with _output_to(request['log'], bool(request.get('append'))), \
+      fresh_state.restored_after():
     if request.get('cwd'):
       os.chdir(request['cwd'])
     sys.path[0] = os.getcwd()  # Where `python -m` imports from.
@@ -106,13 +109,14 @@ def _cluster_refusal(config) -> str | None:
 
 
 @contextlib.contextmanager
-def _output_to(log_path: str) -> Iterator[None]:
-  """Within it, file descriptors 1 and 2 write to a new file at log_path."""
+def _output_to(log_path: str, append: bool = False) -> Iterator[None]:
+  """Within it, file descriptors 1 and 2 write to the file at log_path
+  (a new one, unless append)."""
   os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
   sys.stdout.flush()
   sys.stderr.flush()
   saved = os.dup(1), os.dup(2)
-  with open(log_path, 'wb') as log:
+  with open(log_path, 'ab' if append else 'wb') as log:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     try:

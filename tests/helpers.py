@@ -329,3 +329,18 @@ def processes_mentioning(text: str) -> list[int]:
     except (OSError, ValueError):
       continue
   return found
+
+
+def wait_until_gone(pid: int, timeout: float = 60) -> None:
+  """Waits until process pid is gone (or a zombie), at most timeout s."""
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      with open(f'/proc/{pid}/stat', encoding='utf-8',
+                errors='replace') as file:
+        if file.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X'):
+          return
+    except FileNotFoundError:
+      return
+    assert time.monotonic() < deadline, f'process {pid} still runs'
+    time.sleep(0.05)

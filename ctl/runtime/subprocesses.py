@@ -10,16 +10,17 @@ _PR_SET_PDEATHSIG = 1  # From <linux/prctl.h>.
 
 
 def start(command: list[str], *, env: dict[str, str] | None = None,
-          stdout=None) -> subprocess.Popen:
+          stdout=None, stdin=None,
+          stderr=subprocess.STDOUT) -> subprocess.Popen:
   """Starts command in a session of its own, killed if this process dies.
 
   In its own session, a terminal's Ctrl-C reaches only this process, which
   decides what to pass on. Killed with this process (on Linux), a child never
   goes on training unwatched, e.g. beside a rerun in the same workdir.
-  stderr goes where stdout goes.
+  stderr goes where stdout goes unless given.
   """
-  return subprocess.Popen(command, env=env, stdout=stdout,
-                          stderr=subprocess.STDOUT, text=True,
+  return subprocess.Popen(command, env=env, stdin=stdin, stdout=stdout,
+                          stderr=stderr, text=True,
                           start_new_session=True,
                           preexec_fn=_die_with_parent)
 

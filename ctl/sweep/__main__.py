@@ -2,8 +2,10 @@
 
     python -m ctl.sweep --sweep=experiments/digits_lr.py --workdir=/tmp/sweeps/lr --parallel=2
 
-Every trial is a `python -m ctl.main` process (through `ctl.launch` when the
-sweep asks for several workers) in a workdir of its own, named after its
+Every trial is a `python -m ctl.main` run, one after another in a warm
+process per --parallel slot (ctl/sweep/slots.py; --warm_trials=false: a
+process each; `ctl.launch` when the sweep asks for several workers) in a
+workdir of its own, named after its
 overrides; the command is saved in sweep.json, so any trial can also be run
 alone. All trials' overrides are checked before any trial starts. Running
 the same command again skips finished trials and resumes unfinished ones
@@ -11,7 +13,7 @@ from their checkpoints. A failed trial is reported and the others go on.
 
 Writes, in --workdir:
     sweep.json            the plan: config, metric, each trial's overrides and command
-    <trial>/              the trial's workdir, its log.txt and trial.json (exit code, error line, wall time)
+    <trial>/              the trial's workdir, its log.txt and trial.json (exit code, error line, wall time, pid, warm)
     results.csv           one row per trial: overrides, final metrics, step, wall time
     <metric>.png          the metric against each swept hyperparameter
     events.*.hparams      TensorBoard HParams (with one per trial workdir)
@@ -43,9 +45,9 @@ from ctl import config as config_lib
 from ctl import errors
 from ctl import storage
 from ctl.runtime import studies
-from ctl.runtime import subprocesses
 from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
+from ctl.sweep import slots as slots_lib
 from ctl.sweep import trials as trials_lib
 
 _SWEEP = flags.DEFINE_string('sweep', None,
@@ -71,7 +73,26 @@ _STORAGE_WAIT_SECONDS = flags.DEFINE_float(
     'waits for a study storage that stopped answering (a database '
     'restarting), its trials running on, before it stops them with a '
     'checkpoint and exits 1.', lower_bound=0.0)
+_WARM_TRIALS = flags.DEFINE_boolean(
+    'warm_trials', True, 'Run each --parallel slot\'s trials one after '
+    'another in one warm process, which imports TensorFlow once (README: '
+    'what a trial shares with the trials before it); false: each trial in '
+    'a process of its own.')
+_SLOT_TRIALS = flags.DEFINE_integer(
+    'slot_trials', 20, 'A warm slot is replaced by a fresh process after '
+    'this many trials.', lower_bound=1)
+_SLOT_MEMORY_MB = flags.DEFINE_integer(
+    'slot_memory_mb', 4096, 'A warm slot is replaced by a fresh process '
+    'after a trial that left its resident memory above this many MiB.',
+    lower_bound=1)
 flags.mark_flags_as_required(['sweep', 'workdir'])
+
+
+def _trial_processes() -> slots_lib.TrialProcesses:
+  """Where the trials run: warm slots, or a fresh process each."""
+  limits = (slots_lib.SlotLimits(_SLOT_TRIALS.value, _SLOT_MEMORY_MB.value)
+            if _WARM_TRIALS.value else None)
+  return slots_lib.TrialProcesses(_PARALLEL.value, limits)
 
 
 def main(argv: list[str]) -> None:
@@ -108,7 +129,11 @@ def main(argv: list[str]) -> None:
       'num_workers': sweep.num_workers,
       'trials': [{'name': trial.name, 'overrides': trial.overrides,
                   'command': list(trial.command)} for trial in trials]})
-  stopped = _Runner(trials, _PARALLEL.value).run()
+  processes = _trial_processes()
+  try:
+    stopped = _Runner(trials, processes).run()
+  finally:
+    processes.close()
   # Imported late: TensorFlow and matplotlib are slow to import, and a bad
   # sweep should fail fast.
   from ctl.sweep import report as sweep_report  # pylint: disable=g-import-not-at-top
@@ -147,14 +172,17 @@ def _run_search(sweep, config_file) -> None:
       'num_workers': sweep.num_workers, 'storage': studies.shown(url),
       'study': name, 'search': study_lib.describe(sweep),
       'num_trials': sweep.search.num_trials})
+  processes = _trial_processes()
   runner = search_lib.Runner(
-      sweep, config_file, _WORKDIR.value, study, url, _PARALLEL.value,
+      sweep, config_file, _WORKDIR.value, study, url, processes,
       study_lib.Waits(_LEASE_SECONDS.value, _STORAGE_WAIT_SECONDS.value),
       _mlflow_parent_flags(trial_config))
   try:
     stopped = runner.run()
   except errors.CtlError as error:  # Its storage did not come back.
     _fail(error)
+  finally:
+    processes.close()
   try:
     trials = runner.trials()
   except study_lib.storage_errors() as error:  # Down as SIGTERM stopped it.
@@ -221,9 +249,10 @@ def _finish_mlflow_parent(trial_config, report) -> None:
 class _Runner:
   """Runs the unfinished trials, `parallel` at a time."""
 
-  def __init__(self, trials: list[trials_lib.Trial], parallel: int):
+  def __init__(self, trials: list[trials_lib.Trial],
+               processes: slots_lib.TrialProcesses):
     self._trials = trials
-    self._parallel = parallel
+    self._processes = processes  # Warm slots or fresh processes.
     self._running = {}  # Popen -> (trial, start time, log file)
 
   def run(self) -> bool:
@@ -239,8 +268,8 @@ class _Runner:
                                    'on.')
     with stops:
       while (pending and not stops.requested) or self._running:
-        while (pending and len(self._running) < self._parallel and
-               not stops.requested):
+        while (pending and not stops.requested and
+               len(self._running) < self._processes.parallel):
           self._start(pending.pop(0))
         stops.forward(self._running)
         self._collect_exited(stops)
@@ -253,7 +282,7 @@ class _Runner:
     log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: '
               f'{" ".join(trial.command)}\n')
     log.flush()
-    process = subprocesses.start(list(trial.command), stdout=log)
+    process = self._processes.start(trial.command, log)
     self._running[process] = (trial, time.monotonic(), log)
     trials_lib.say(f'{trial.name}: started (pid {process.pid})')
 
@@ -268,6 +297,7 @@ class _Runner:
       record = trial.record()
       record.update(
           overrides=trial.overrides, exit_code=process.returncode,
+          **self._processes.finished(process),
           wall_seconds=record.get('wall_seconds', 0.0) +
           time.monotonic() - started)
       record.pop('error', None)

@@ -10,9 +10,10 @@ lives no trial is left RUNNING unheld. A trial a signal killed is started
 again (study.MAX_RESTARTS); a storage that stops answering is waited for
 (study.Outage) while the trials run on.
 
-A trial is a `python -m ctl.main` process, as a grid's trials are, in
-<workdir>/trial-NNNN, told by config.search where its study is (its chief
-reports each evaluation and stops when pruned, ctl/training/pruning.py).
+A trial is a `python -m ctl.main` run (a warm slot's or a process's own,
+ctl/sweep/slots.py), as a grid's trials are, in <workdir>/trial-NNNN,
+told by config.search where its study is (its chief reports each
+evaluation and stops when pruned, ctl/training/pruning.py).
 """
 
 import os
@@ -25,8 +26,8 @@ from ctl import errors
 from ctl import hyper
 from ctl import storage
 from ctl.runtime import studies
-from ctl.runtime import subprocesses
 from ctl.runtime import workdir as workdir_lib
+from ctl.sweep import slots as slots_lib
 from ctl.sweep import study as study_lib
 from ctl.sweep import trials as trials_lib
 
@@ -103,7 +104,7 @@ class Runner:
   """One sweep process of a search: claims and asks for trials, runs them."""
 
   def __init__(self, sweep: hyper.Sweep, config_file: str, workdir: str,
-               study, storage_url: str, parallel: int,
+               study, storage_url: str, processes: slots_lib.TrialProcesses,
                waits: study_lib.Waits, extra_flags: tuple[str, ...] = ()):
     self._sweep = sweep
     self._search = sweep.search
@@ -111,7 +112,7 @@ class Runner:
     self._workdir = workdir
     self._study = study
     self._storage_url = storage_url
-    self._parallel = parallel
+    self._processes = processes  # Warm slots or fresh processes.
     self._extra_flags = extra_flags
     self._leases = study_lib.Leases(study, waits.lease_seconds)
     self._outage = study_lib.Outage(storage_url, waits.storage_seconds)
@@ -171,7 +172,7 @@ class Runner:
     self._renew()
     if done and not self._running:
       return True
-    if len(self._running) < self._parallel:
+    if len(self._running) < self._processes.parallel:
       self._start_next()
     return False
 
@@ -254,7 +255,7 @@ class Runner:
     log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: '
               f'{" ".join(trial.command)}\n')
     log.flush()
-    process = subprocesses.start(list(trial.command), stdout=log)
+    process = self._processes.start(trial.command, log)
     self._running[process] = (number, trial, time.monotonic(), log)
     trials_lib.say(f'{trial.name}: started (pid {process.pid}): '
          + ' '.join(config_lib.override_flags(overrides)))
@@ -286,6 +287,7 @@ class Runner:
       trial.publish_log()
       record = trial.record()
       record.update(overrides=trial.overrides, exit_code=process.returncode,
+                    **self._processes.finished(process),
                     wall_seconds=record.get('wall_seconds', 0.0) +
                     time.monotonic() - started)
       record.pop('error', None)

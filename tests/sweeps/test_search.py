@@ -3,6 +3,7 @@ taken over after a SIGKILL, against the embedded journal file and a real
 PostgreSQL server."""
 
 import csv
+import json
 import os
 import pathlib
 import random
@@ -508,6 +509,9 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
       first.process)
   first.process.send_signal(signal.SIGKILL)
   first.wait()
+  # The trial's process (a warm slot's, not naming the workdir) too.
+  helpers.wait_until_gone(int(re.findall(r'trial-0000: started \(pid (\d+)\)',
+                                         first.output)[-1]))
   deadline = time.monotonic() + 60
   while helpers.processes_mentioning(str(trial_dir)):  # Dies with its parent.
     assert time.monotonic() < deadline, 'the trial outlived its sweep'
@@ -571,15 +575,21 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
 def test_a_failed_trial_is_failed_with_its_log_and_the_study_goes_on(tmp_path):
   sweep_file = _write_sweep(tmp_path / 'search.py', (
       "hyper.Search(space={'loss': hyper.choice(['user_modules:nan_loss', "
-      "'sparse_categorical_crossentropy'])}, fixed={'num_epochs': 1}, "
-      "num_trials=2, sampler='grid', pruner=None)"))
+      "'sparse_categorical_crossentropy', 'user_modules:crossentropy'])}, "
+      "fixed={'num_epochs': 1}, num_trials=3, sampler='grid', pruner=None)"))
   workdir = tmp_path / 'sweep'
   run = helpers.Watched(_command(sweep_file, workdir), env=helpers.env_with())
-  assert run.wait() == errors.EXIT_FAILURE
+  assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
   study = _study(workdir, '')
   states = {trial.params['loss']: trial.state.name for trial in study.trials}
   assert states == {'user_modules:nan_loss': 'FAIL',
-                    'sparse_categorical_crossentropy': 'COMPLETE'}
+                    'sparse_categorical_crossentropy': 'COMPLETE',
+                    'user_modules:crossentropy': 'COMPLETE'}
+  # --parallel=1: one warm slot ran the three trials, the failed one too.
+  records = [json.loads((workdir / f'trial-{number:04d}' / 'trial.json')
+                        .read_text()) for number in range(3)]
+  assert [record['warm'] for record in records] == [True] * 3, records
+  assert len({record['pid'] for record in records}) == 1, records
   [failed] = [trial for trial in study.trials if trial.state.name == 'FAIL']
   log = workdir / f'trial-{failed.number:04d}' / 'log.txt'
   why = failed.user_attrs[study_lib.FAILURE]
@@ -588,7 +598,7 @@ def test_a_failed_trial_is_failed_with_its_log_and_the_study_goes_on(tmp_path):
   assert f'FAILED with {why}' in run.output
   assert 'diverged' in log.read_text()
   assert sorted(row['state'] for row in _read_csv(workdir / 'results.csv')) \
-      == ['COMPLETE', 'FAIL']
+      == ['COMPLETE', 'COMPLETE', 'FAIL']
 
 
 # One two-worker trial, then one trial of a metric not there, where a test

@@ -3,6 +3,7 @@
 import ast
 import csv
 import json
+import os
 import pathlib
 import re
 import signal
@@ -298,6 +299,7 @@ def test_a_sweep_end_to_end_reports_a_failed_trial_and_the_others_go_on(
   trials = [*hyper.product(hyper.fixed(SHORT), hyper.zip(
       hyper.sweep('optimizer.learning_rate', [0.003, 0.01]),
       hyper.sweep('batch_size', [32, 64]))),
+            dict(SHORT, loss='user_modules:segfault_loss'),
             dict(SHORT, loss='user_modules:nan_loss')]
   workdir = tmp_path / 'sweep'
   # TF_CPP_MIN_LOG_LEVEL=3 does not hide TensorFlow's start-up lines: ctl
@@ -312,8 +314,8 @@ def test_a_sweep_end_to_end_reports_a_failed_trial_and_the_others_go_on(
 
   rows = _read_csv(workdir / 'results.csv')
   assert [row['status'] for row in rows] == [
-      'finished', 'finished', 'exit code 1']
-  *rows, failed_row = rows
+      'finished', 'finished', 'exit code -11', 'exit code 1']
+  *rows, segfault_row, failed_row = rows
   assert [(float(row['optimizer.learning_rate']), int(row['batch_size']))
           for row in rows] == [(0.003, 32), (0.01, 64)]
   for row in rows:
@@ -321,13 +323,21 @@ def test_a_sweep_end_to_end_reports_a_failed_trial_and_the_others_go_on(
     assert 0.5 < float(row['eval.accuracy']) <= 1
     assert float(row['wall_seconds']) > 0
     assert (pathlib.Path(row['workdir']) / 'results.json').exists()
-  assert len([path for path in workdir.iterdir() if path.is_dir()]) == 3
+  assert len([path for path in workdir.iterdir() if path.is_dir()]) == 4
   best = max(rows, key=lambda row: float(row['eval.accuracy']))
   assert f'best: {best["trial"]}' in run.output
   assert (workdir / 'eval.accuracy.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
   # The failed trial's line says why: the trial's own `ctl: error:` line.
-  failed = trials_lib.trial_names(trials)[2]
+  segfault, failed = trials_lib.trial_names(trials)[2:]
+  assert re.search(rf'{segfault}: FAILED with exit code -11; log: ',
+                   run.output), run.output[-3000:]
+  # Two warm slots ran the four trials; the one the segfault killed was
+  # replaced by a fresh slot.
+  records = [json.loads((workdir / name / 'trial.json').read_text())
+             for name in trials_lib.trial_names(trials)]
+  assert all(record['warm'] for record in records), records
+  assert len({record['pid'] for record in records}) <= 3, records
   assert failed_row['trial'] == failed
   log = workdir / failed / 'log.txt'
   assert re.search(rf'{failed}: FAILED with exit code 1: The training loss .*'
@@ -382,8 +392,9 @@ def test_a_killed_or_sigtermed_sweep_is_resumed_by_the_same_command(tmp_path):
   helpers.wait_for_checkpoint(second, runner.process)
   runner.process.send_signal(signal.SIGKILL)
   runner.wait()
-  # The running trial died with its runner: nothing trains unwatched.
-  time.sleep(1)
+  # The running trial (its warm slot) died with its runner: nothing trains
+  # unwatched.
+  helpers.wait_until_gone(_trial_pid(runner.output, second.name))
   assert not helpers.processes_mentioning(str(second))
   finished_files = _trained_files(first)
   killed_at = helpers.latest_checkpoint_step(second)
@@ -400,6 +411,8 @@ def test_a_killed_or_sigtermed_sweep_is_resumed_by_the_same_command(tmp_path):
   assert 'FAILED' not in runner.output
   assert not third.exists()  # Not started after the signal.
   assert not helpers.processes_mentioning(str(second))
+  helpers.wait_until_gone(_trial_pid(runner.output, second.name))
+  assert json.loads((second / 'trial.json').read_text())['warm']
 
   rerun = helpers.Watched(_sweep_command(sweep_file, workdir))
   assert rerun.wait() == 0, rerun.output[-3000:]
@@ -407,6 +420,11 @@ def test_a_killed_or_sigtermed_sweep_is_resumed_by_the_same_command(tmp_path):
   assert (second / 'log.txt').read_text().count('Restored') == 2
   rows = _read_csv(workdir / 'results.csv')
   assert [row['status'] for row in rows] == ['finished'] * 3
+
+
+def _trial_pid(output: str, name: str) -> int:
+  """The pid of the process that ran trial `name` last, as its runner said."""
+  return int(re.findall(rf'{name}: started \(pid (\d+)\)', output)[-1])
 
 
 def _wait_for_checkpoint_after(workdir: pathlib.Path, step: int, process,
