@@ -85,7 +85,10 @@ _ALLOWED = {
     # A warm process's run log: its file descriptors 1 and 2 are pointed at
     # it, so it is a local file by construction; stdin is /dev/null.
     'ctl/warm.py': ('os.makedirs(os.path.dirname(os.path.abspath(log_path))',
-                    "open(log_path, 'wb')", "open(os.devnull, 'rb')"),
+                    "open(log_path, 'ab' if append else 'wb')",
+                    "open(os.devnull, 'rb')"),
+    # A warm sweep slot's resident memory, from /proc.
+    'ctl/sweep/slots.py': ("open(f'/proc",),
     # A trial's output file: a process writes it, so it is local by
     # construction (copied to a remote workdir when the trial exits).
     # Read back for its last error line (Trial.error_line).
