@@ -76,6 +76,11 @@ def _python_state() -> dict[str, Any]:
       'signals': {signum: signal.getsignal(signum)
                   for signum in _catchable_signals()},
       'verbosity': logging.get_verbosity(),
+      # absl's logger's own level, NOTSET unless set: set_verbosity alone
+      # would pin it to the effective level, hiding INFO from the root's
+      # handlers (pytest's caplog) where the root's level says INFO.
+      'absl_level': (logging.get_absl_logger().level,
+                     logging.get_absl_logger().propagate),
       'absl_filters': list(absl_handler.filters),
       'absl_stream': absl_handler.python_handler.stream,
       'root': (root.level, list(root.handlers), list(root.filters)),
@@ -97,6 +102,9 @@ def _restore_python(saved: dict[str, Any]) -> None:
     if signal.getsignal(signum) is not handler and handler is not None:
       signal.signal(signum, handler)
   logging.set_verbosity(saved['verbosity'])
+  absl_logger = logging.get_absl_logger()
+  absl_logger.setLevel(saved['absl_level'][0])  # Clears logging's cache.
+  absl_logger.propagate = saved['absl_level'][1]
   absl_handler = logging.get_absl_handler()
   absl_handler.filters[:] = saved['absl_filters']
   absl_handler.python_handler.stream = saved['absl_stream']

@@ -198,13 +198,16 @@ def test_what_a_run_changes_in_its_process_is_put_back(tmp_path):
   import tensorflow as tf
   from ctl.runtime import tf_internals
   project = tmp_path / 'project'
-  (project / 'experiments').mkdir(parents=True)
-  (project / 'experiments' / '__init__.py').write_text('')
-  (project / 'experiments' / 'text.py').write_text('RELEASE = 1\n')
+  # A package no other test imports (a test before this one in the same
+  # process may have imported the repo's `experiments`).
+  (project / 'warm_probe_project').mkdir(parents=True)
+  (project / 'warm_probe_project' / '__init__.py').write_text('')
+  (project / 'warm_probe_project' / 'text.py').write_text('RELEASE = 1\n')
   before = (os.getcwd(), list(sys.path), dict(os.environ),
             signal.getsignal(signal.SIGTERM), keras.config.dtype_policy().name,
             keras.config.epsilon(), tf_internals.op_determinism_enabled(),
-            list(logging.get_absl_handler().filters), random.getstate())
+            list(logging.get_absl_handler().filters), random.getstate(),
+            logging.get_absl_logger().level)
   with fresh_state.restored_after():
     os.chdir(project)
     sys.path.insert(0, str(project))
@@ -215,15 +218,17 @@ def test_what_a_run_changes_in_its_process_is_put_back(tmp_path):
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(3)
     logging.get_absl_handler().addFilter(lambda record: True)
-    import experiments.text  # pylint: disable=unused-import
+    logging.set_verbosity(logging.INFO)  # As ctl.main does.
+    import warm_probe_project.text  # pylint: disable=unused-import
   after = (os.getcwd(), list(sys.path), dict(os.environ),
            signal.getsignal(signal.SIGTERM), keras.config.dtype_policy().name,
            keras.config.epsilon(), tf_internals.op_determinism_enabled(),
-           list(logging.get_absl_handler().filters), random.getstate())
+           list(logging.get_absl_handler().filters), random.getstate(),
+           logging.get_absl_logger().level)
   assert after == before
   assert tf.compat.v1.get_seed(None) == (None, None)  # No global seed.
-  assert 'experiments.text' not in sys.modules
-  assert 'experiments' not in sys.modules
+  assert 'warm_probe_project.text' not in sys.modules
+  assert 'warm_probe_project' not in sys.modules
 
 
 @pytest.mark.parametrize('name, kept', [
