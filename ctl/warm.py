@@ -36,10 +36,7 @@ segfault, a second Ctrl-C) ends it: the caller sees stdout close.
 import contextlib
 import json
 import os
-import select
-import subprocess
 import sys
-import time
 import traceback
 from typing import Any, Iterator
 
@@ -129,52 +126,6 @@ def _output_to(log_path: str, append: bool = False) -> Iterator[None]:
       os.dup2(saved[1], 2)
       for descriptor in saved:
         os.close(descriptor)
-
-
-class WarmProcess:
-  """The caller's side: starts `python -m ctl.warm`, sends it runs.
-
-  Every wait is bounded: a run past its timeout kills the process
-  (TimeoutError); one that ended the process raises EOFError.
-  """
-
-  def __init__(self, *, cpu_devices: int = 1, env: dict[str, str] | None = None,
-               stderr=None):
-    self.process = subprocess.Popen(
-        [sys.executable, '-m', 'ctl.warm',
-         f'--cpu_devices={cpu_devices}'], env=env, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=stderr, text=True)
-
-  def run(self, argv: list[str], log: str, *, cwd: str | None = None,
-          env: dict[str, str | None] | None = None,
-          timeout: float = 600, **fields) -> dict[str, Any]:
-    """Runs `python -m ctl.main argv` there; returns its answer (the
-    module docstring's): {'exit_code': n} or {'refused': reason}."""
-    request = {'argv': list(argv), 'log': str(log), 'cwd': cwd, 'env': env,
-               **fields}
-    self.process.stdin.write(json.dumps(request) + '\n')
-    self.process.stdin.flush()
-    deadline = time.monotonic() + timeout
-    while not select.select([self.process.stdout], [], [],
-                            max(0.0, deadline - time.monotonic()))[0]:
-      if time.monotonic() >= deadline:
-        self.close(timeout=0)
-        raise TimeoutError(f'The warm run {argv} took over {timeout} s.')
-    line = self.process.stdout.readline()
-    if not line:
-      raise EOFError(f'The warm process ended (code {self.process.wait()}) '
-                     f'during {argv}; its log: {log}.')
-    return json.loads(line)
-
-  def close(self, timeout: float = 60) -> int:
-    """Ends the process (at the end of its input; killed after timeout)."""
-    with contextlib.suppress(OSError):
-      self.process.stdin.close()
-    try:
-      return self.process.wait(timeout)
-    except subprocess.TimeoutExpired:
-      self.process.kill()
-      return self.process.wait()
 
 
 def _split_cpu(num_devices: int) -> None:

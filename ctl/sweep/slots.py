@@ -19,13 +19,11 @@ trials' processes do (ctl/runtime/subprocesses.py).
 """
 
 import dataclasses
-import json
 import os
-import select
 import subprocess
-import sys
 
 from ctl.runtime import subprocesses
+from ctl.runtime import warm_client
 
 _CLOSE_SECONDS = 30  # For a slot to exit once its input ends.
 
@@ -40,31 +38,23 @@ class SlotLimits:
 
 
 class _Slot:
-  """One `python -m ctl.warm` process, tied to this one."""
+  """One warm process (ctl/runtime/warm_client.py) and its trial count."""
 
   def __init__(self):
-    self.process = subprocesses.start(
-        [sys.executable, '-m', 'ctl.warm'], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    self.warm = warm_client.WarmProcess(stderr=subprocess.DEVNULL)
+    self.process = self.warm.process
     self.trials = 0
 
   def send(self, argv: list[str], log_path: str) -> None:
     """Asks it to run `python -m ctl.main argv`, appending to log_path."""
     self.trials += 1
-    request = {'argv': argv, 'log': log_path, 'cwd': os.getcwd(),
-               'append': True}
-    self.process.stdin.write(json.dumps(request) + '\n')
-    self.process.stdin.flush()
+    self.warm.send({'argv': argv, 'log': log_path, 'cwd': os.getcwd(),
+                    'append': True})
 
   def answer(self) -> dict | None:
     """Its answer to the run sent, once there is one; {'died': code} when
     the run ended the process."""
-    if not select.select([self.process.stdout], [], [], 0)[0]:
-      return None
-    line = self.process.stdout.readline()
-    if not line:
-      return {'died': self._wait()}
-    return json.loads(line)
+    return self.warm.answer()
 
   def usable(self, limits: SlotLimits) -> bool:
     """Whether it may run another trial."""
@@ -73,19 +63,8 @@ class _Slot:
 
   def close(self) -> None:
     """Ends it: its input closed, killed if it does not exit in time."""
-    try:
-      self.process.stdin.close()
-    except OSError:
-      pass  # It died: its pipe is broken.
-    self._wait()
+    self.warm.close(_CLOSE_SECONDS)
     self.process.stdout.close()
-
-  def _wait(self) -> int:
-    try:
-      return self.process.wait(_CLOSE_SECONDS)
-    except subprocess.TimeoutExpired:
-      self.process.kill()
-      return self.process.wait()
 
 
 class SlotRun:

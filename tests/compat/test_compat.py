@@ -18,6 +18,7 @@ import pytest
 import ctl
 from ctl import errors as ctl_errors
 import helpers
+from ctl.runtime import warm_client
 from ctl import warm
 
 COMPAT = helpers.REPO / 'tests' / 'compat'
@@ -152,7 +153,7 @@ PROJECTS_0_2_0 = {
 def _run_projects(folder: pathlib.Path, projects: dict[str, Project],
                   base: pathlib.Path) -> dict[str, Outcome]:
   """Runs each project in one warm process, in order; their outcomes."""
-  process = warm.WarmProcess(env=helpers.env_with())
+  process = warm_client.WarmProcess(env=helpers.env_with())
   outcomes = {}
   try:
     for name, project in projects.items():

@@ -13,6 +13,7 @@ from absl import logging
 import pytest
 
 import helpers
+from ctl.runtime import warm_client
 from ctl.runtime import fresh_state
 from ctl import warm
 
@@ -144,7 +145,7 @@ def test_warm_runs_after_one_that_changed_the_process_equal_fresh_ones(
                      text=True, timeout=600)]
   for run in fresh:
     assert run.returncode == 0, run.stderr[-3000:]
-  process = warm.WarmProcess(env=helpers.env_with())
+  process = warm_client.WarmProcess(env=helpers.env_with())
   try:
     answers = [
         process.run(['--config=changes.py', f'--workdir={tmp_path / "changes"}'],
@@ -166,7 +167,7 @@ def test_warm_runs_after_one_that_changed_the_process_equal_fresh_ones(
 
 
 def test_a_warm_process_refuses_what_needs_a_process_of_its_own(tmp_path):
-  process = warm.WarmProcess(env=helpers.env_with())
+  process = warm_client.WarmProcess(env=helpers.env_with())
   digits = (f'--config={helpers.DIGITS}:smoke', *DIGITS)
   tf_config = json.dumps({'cluster': {'worker': ['localhost:1', 'localhost:2']},
                           'task': {'type': 'worker', 'index': 0}})
