@@ -243,7 +243,7 @@ def _the_stopped_one_alone_is_named(workers: list[helpers.Watched], workdir,
               if line.startswith('ctl: error:')]
     assert named_in(line) == [1], line
     assert re.search(r'Stopped making progress: worker 1 \(\S+, pid '
-                     rf'{victim.pid}\): running, phase [\w -]+, step \d+.*'
+                     rf'{victim.pid}\): running, phase [^,]+, step \d+.*'
                      ': its process is stopped', line), line
     dump = workdir / 'diagnostics' / (
         f'worker-{index}-{workers[index].process.pid}.txt')
