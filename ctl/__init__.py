@@ -27,7 +27,7 @@ import time
 
 # The release; setup.cfg reads it (CHANGELOG.md lists what each changed).
 __version__ = '0.2.0'
-# time.monotonic() when this process imported ctl (training/speed.py).
+# time.monotonic() when this process imported ctl (runtime/tf_process.py).
 IMPORT_TIME = time.monotonic()
 
 _PUBLIC = {

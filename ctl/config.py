@@ -69,7 +69,7 @@ def base_config() -> ml_collections.ConfigDict:
   # as one program (one replica, in-memory data); 'auto': for the built-in
   # tasks on one CPU replica, 'loop', or 'step' for models with
   # convolutions; 'off' for your own task's steps, with several replicas,
-  # and on GPUs (see ctl/training/xla.py). A step XLA cannot compile fails
+  # and on GPUs (ctl/training/steps.py). A step XLA cannot compile fails
   # at its first step: set 'off'.
   config.jit_compile = 'auto'
   # Python control flow on tensors in the task's train_step, eval_step and

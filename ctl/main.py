@@ -28,7 +28,7 @@ from ctl import config as config_lib
 from ctl import config_checks
 from ctl import config_help
 from ctl import errors
-from ctl.runtime import progress
+from ctl.metric_writers import log_line
 from ctl.runtime import tf_process
 
 _CONFIG = config_lib.define_config_flag()
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     return _usage_error('Flag --workdir must name the directory for '
                         'checkpoints, summaries and results.')
   logging.get_absl_handler().addFilter(_drop_tensorflow_info)
-  progress.install()
+  log_line.install()
   tf_process.remove_autograph_bytecode_at_exit()
   tf_process.import_tensorflow()
   # Imported here so that flag errors are reported before TensorFlow loads.
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     return _report(error)
   except Exception as error:  # pylint: disable=broad-except
     return _report(_task_failure(error))
-  progress.finish_line()
+  log_line.finish_line()
   return 0
 
 
@@ -142,7 +142,7 @@ def _task_failure(error: Exception) -> errors.CtlError:
   failure = failures.task_failure(error)
   if failure is None:
     raise error  # A bug of ctl: its traceback says where.
-  progress.finish_line()
+  log_line.finish_line()
   logging.error('The task raised:', exc_info=error)
   return failure
 
@@ -150,7 +150,7 @@ def _task_failure(error: Exception) -> errors.CtlError:
 def _report(error: errors.CtlError) -> int:
   """Prints the error as one `ctl: <label>:` message (stderr, where the log
   goes too); returns its exit code."""
-  progress.finish_line()
+  log_line.finish_line()
   print(f'ctl: {error.label}: {error}', file=sys.stderr, flush=True)
   return error.exit_code
 

@@ -65,9 +65,10 @@ def test_local_and_remote_paths_are_told_apart():
 
 # What may touch the filesystem outside ctl/storage.py, and why.
 _ALLOWED = {
-    # TensorFlow's AutoGraph cache in the local temp folder, not a workdir.
+    # TensorFlow's AutoGraph cache in the local temp folder, not a workdir;
+    # the process's start time, from /proc.
     'ctl/runtime/tf_process.py': ('glob.glob', 'os.path.exists', 'os.remove',
-                                  'os.rmdir'),
+                                  'os.rmdir', "open('/proc"),
     # A flock of a local workdir, and who holds it from /proc.
     'ctl/runtime/workdir.py': ('os.path.isdir', 'os.stat', "open('/proc",
                                "open(f'/proc"),
@@ -80,8 +81,6 @@ _ALLOWED = {
     # under that lock, with the same kind of calls.
     'ctl/runtime/studies.py': ('os.path.exists(path)', "open(path, 'rb+')",
                                "open(backup, 'ab')"),
-    # The process's own CPU time.
-    'ctl/training/speed.py': ("open('/proc",),
     # A warm process's run log: its file descriptors 1 and 2 are pointed at
     # it, so it is a local file by construction; stdin is /dev/null.
     'ctl/warm.py': ('os.makedirs(os.path.dirname(os.path.abspath(log_path))',

@@ -2,17 +2,21 @@
 
 `config.task = 'classification'` (configs/digits.py, configs/mnist.py): the
 dataset (`data.name`), model (`model.name`), loss, metrics and optimizer
-are chosen in the config, built in or a user's `package.module:function`.
+are chosen in the config, built in or a user's `package.module:function`
+(the losses and metrics by name are here; models and optimizers in
+models.py and optimizers.py, which other tasks share).
 Its steps are the tutorials' step_fn; its data is held in memory and
 gathered inside the step, ctl's fastest input path.
 """
 
+from collections.abc import Callable
+
+import keras
 import tensorflow as tf
 
+from ctl import registry
 from ctl import task as task_lib
 from ctl.data import datasets
-from ctl.builtin_tasks import losses
-from ctl.builtin_tasks import metrics
 from ctl.builtin_tasks import models
 from ctl.builtin_tasks import optimizers
 
@@ -33,8 +37,8 @@ class Classification(task_lib.Task):
     # Builds the optimizer's slots now: lazily built slots fail with several
     # replicas, and a restore must find them to match the checkpoint.
     self.optimizer.build(self.model.trainable_variables)
-    self.train_metrics = [metrics.build_metric(name) for name in config.metrics]
-    self.eval_metrics = [metrics.build_metric(name) for name in config.metrics]
+    self.train_metrics = [build_metric(name) for name in config.metrics]
+    self.eval_metrics = [build_metric(name) for name in config.metrics]
 
   def train_data(self, context: tf.distribute.InputContext) -> task_lib.InMemory:
     del context  # ctl shards in-memory data itself.
@@ -108,10 +112,42 @@ class Classification(task_lib.Task):
     return self._loaded
 
   def _loss(self, labels, logits):
-    return losses.build_loss(self.config.loss)(labels, logits)
+    return build_loss(self.config.loss)(labels, logits)
 
   def _scale(self, batch):
     features, labels = batch
     features = tf.cast(features, tf.float32)
     scale = self._data().feature_scale
     return (features if scale == 1 else features * scale), labels
+
+
+LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+def build_loss(name: str) -> LossFn:
+  """Returns loss(labels, logits) -> per-example losses, shape [batch]
+  (config.loss).
+
+  A user's own is `package.module:function`, that function being the loss.
+  """
+  return registry.resolve(name, _LOSSES, 'loss')
+
+
+def sparse_categorical_crossentropy(labels, logits):
+  """Per-example cross-entropy of integer labels and logits."""
+  return keras.losses.sparse_categorical_crossentropy(labels, logits,
+                                                      from_logits=True)
+
+
+def build_metric(name: str) -> keras.metrics.Metric:
+  """A new Keras metric(labels, logits) (config.metrics): built in, or a
+  user's `package.module:function` returning one."""
+  return registry.resolve(name, _METRICS, 'metric')()
+
+
+_LOSSES = {'sparse_categorical_crossentropy': sparse_categorical_crossentropy}
+_METRICS = {
+    'accuracy': lambda: keras.metrics.SparseCategoricalAccuracy('accuracy'),
+    'top5_accuracy': lambda: keras.metrics.SparseTopKCategoricalAccuracy(
+        k=5, name='top5_accuracy'),
+}

@@ -4,20 +4,23 @@ log, on every worker.
     step 44/88 epoch 1/2 (step 44 of 44) | loss 0.3141 ... | ETA 0:00:02
     eval at step 44: accuracy 0.9667 loss 0.1304
 
-On an interactive terminal (ctl/runtime/progress.py) the training's lines
-within an epoch rewrite one live line; epoch ends and the end scroll.
+On an interactive terminal the training's lines within an epoch rewrite
+one live line; epoch ends and the end scroll. When stderr is a terminal,
+`install()` (by ctl/main.py) wraps the log handler's stream: the live line
+is rewritten in place (`LiveLineStream.show`), every other log line is
+printed above it and the live line redrawn below. Files and pipes keep one
+log line per report.
 """
 
 from collections.abc import Callable, Mapping
 import datetime
 import math
-from typing import Any
+from typing import Any, TextIO
 
 from absl import logging
 import numpy as np
 
 from ctl import metric_writers
-from ctl.runtime import progress
 
 
 class LogLineWriter(metric_writers.MetricWriter):
@@ -38,7 +41,7 @@ class LogLineWriter(metric_writers.MetricWriter):
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     line = self._line(step, format_scalars(scalars))
-    stream = progress.live_stream() if self._live else None
+    stream = live_stream() if self._live else None
     if stream and self._live(step):
       stream.show(line)  # On a terminal; epoch ends and the end scroll.
       self._shown = line
@@ -50,7 +53,7 @@ class LogLineWriter(metric_writers.MetricWriter):
 
   def flush(self) -> None:
     """The line on the live line, logged for good (at the end)."""
-    stream = progress.live_stream()
+    stream = live_stream()
     if self._shown is not None and stream:
       stream.show('')
       logging.info('%s', self._shown)
@@ -115,3 +118,74 @@ def eta_text(seconds: float | None) -> str:
 
 
 _LONGEST_ETA = datetime.timedelta(days=999_999_999)
+
+
+# Erases the line the cursor is on, from its start.
+_CLEAR = '\r\x1b[K'
+
+
+class LiveLineStream:
+  """A terminal stream with one line kept at its bottom."""
+
+  def __init__(self, stream: TextIO):
+    self._stream = stream
+    self._line = ''
+
+  def write(self, text: str) -> int:
+    if self._line:
+      self._stream.write(_CLEAR)
+    written = self._stream.write(text)
+    if self._line and text.endswith('\n'):
+      self._stream.write(self._line)
+    return written
+
+  def flush(self) -> None:
+    self._stream.flush()
+
+  def show(self, line: str) -> None:
+    """Replaces the live line with `line` (cut to one line)."""
+    self._line = line.splitlines()[0] if line else ''
+    self._stream.write(_CLEAR + self._line)
+    self._stream.flush()
+
+  def end(self) -> None:
+    """Leaves the live line as it is and moves below it."""
+    if self._line:
+      self._line = ''
+      self._stream.write('\n')
+      self._stream.flush()
+
+  def __getattr__(self, name):  # isatty, fileno, encoding...
+    return getattr(self._stream, name)
+
+
+def install() -> None:
+  """Makes absl's log handler write through a LiveLineStream when it
+  writes to a terminal; nothing otherwise."""
+  handler = logging.get_absl_handler().python_handler
+  stream = handler.stream
+  if isinstance(stream, LiveLineStream) or not _is_terminal(stream):
+    return
+  handler.stream = LiveLineStream(stream)
+
+
+def live_stream() -> LiveLineStream | None:
+  """The installed LiveLineStream, or None (not a terminal)."""
+  stream = logging.get_absl_handler().python_handler.stream
+  return stream if isinstance(stream, LiveLineStream) else None
+
+
+def finish_line() -> None:
+  """Moves below the live line, if there is one (before exiting)."""
+  stream = live_stream()
+  if stream is not None:
+    stream.end()
+
+
+def _is_terminal(stream) -> bool:
+  try:
+    return stream.isatty()
+  except (AttributeError, ValueError):
+    return False
+
+

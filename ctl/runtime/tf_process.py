@@ -9,6 +9,8 @@
   deletes it at exit, but not the bytecode Python cached beside it
   (`$TMPDIR/__pycache__/__autograph_generated_file*.pyc`), which piled up on
   every run. `remove_autograph_bytecode_at_exit` deletes the orphans.
+- `process_start_time`: when the program started, for the start-up time
+  the log reports.
 - `exit_now` skips TensorFlow's shutdown, which takes seconds under
   MultiWorkerMirroredStrategy (4 to 11 measured, more when a peer is gone),
   time a preemption's grace period cannot spare.
@@ -20,8 +22,11 @@ import glob
 import os
 import sys
 import tempfile
+import time
 
 from absl import logging
+
+import ctl
 
 # Start-up lines that say nothing a user can act on.
 _NOISE = (
@@ -115,3 +120,36 @@ def exit_now(code: int) -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)  # pylint: disable=protected-access
+
+
+# Longer than Python takes to start and import ctl: a process older than
+# that ran something else first.
+_INTERPRETER_START_SECONDS = 10.0
+
+
+def process_start_time() -> float:
+  """time.monotonic() when this program started.
+
+  The process's start (Linux); but a shell execs its last command in its
+  own process, so `pip install ... && python -m ctl.main` in `bash -c`
+  started when pip did: where the process is older than Python's start-up
+  explains, the time ctl was imported instead.
+  """
+  started = _process_start_time()
+  if ctl.IMPORT_TIME - started > _INTERPRETER_START_SECONDS:
+    return ctl.IMPORT_TIME
+  return started
+
+
+def _process_start_time() -> float:
+  """time.monotonic() when this process started (Linux), else now."""
+  try:
+    with open('/proc/self/stat') as file:
+      # Field 22, after the parenthesised command name, in clock ticks.
+      start_ticks = int(file.read().rsplit(')', 1)[1].split()[19])
+    with open('/proc/uptime') as file:
+      uptime = float(file.read().split()[0])
+    age = uptime - start_ticks / os.sysconf('SC_CLK_TCK')
+    return time.monotonic() - age
+  except (OSError, ValueError, IndexError):
+    return time.monotonic()

@@ -3,7 +3,9 @@
 Every mode builds the task the same way (its data read, its length known,
 `build` run in the strategy's scope), so that a checkpoint written by
 training restores into it, and learning-rate schedules see the same
-`total_steps`.
+`total_steps`. What `build` made of the task is checked here, before
+anything is written (its class was checked when it was found by name:
+ctl/builtin_tasks/__init__.py and ctl/task_hooks.py).
 """
 
 import contextlib
@@ -24,7 +26,6 @@ from ctl.cluster import watchdog as watchdog_lib
 from ctl.runtime import tf_internals
 from ctl.training import ema
 from ctl.training import state as state_lib
-from ctl.training import task_checks
 
 
 @dataclasses.dataclass
@@ -100,9 +101,9 @@ def assemble(config: ml_collections.ConfigDict,
   with strategy.scope():
     task.build()
     state = state_lib.TrainState()
-  task_checks.check_nothing_shadowed(task, config)
+  check_nothing_shadowed(task, config)
   if strategy.num_replicas_in_sync > 1:
-    task_checks.check_no_keras_accumulation(task)
+    check_no_keras_accumulation(task)
   return Assembled(task, state, length, context, train_data,
                    actions_lib.ActionStates(), strategy)
 
@@ -139,3 +140,50 @@ def training_length(config, train_data, local_replicas: int,
         'must return a tf.data.Dataset of per-replica batches, '
         'ctl.InMemory, or ctl.data.tfrecord.GlobalBatches.')
   return state_lib.training_length(config, steps_per_epoch)
+
+
+# What a task sets that Task declares too: everything else Task (and
+# tf.Module) defines is what ctl calls or reads, and must not be shadowed.
+SETTABLE = ('train_metrics', 'eval_metrics', 'auto_xla')
+
+
+def check_nothing_shadowed(task: task_lib.Task,
+                           config: ml_collections.ConfigDict) -> None:
+  """Fails if the task set an attribute that hides what ctl reads of it.
+
+  `self.models = [...]` in build would hide `Task.models()`, which ctl
+  calls to find the models to checkpoint; `self.config = ...` the config
+  ctl gave it.
+
+  Raises:
+    CtlError: naming the attributes and what they hide.
+  """
+  hidden = sorted(name for name in task_lib.own_attribute_names(task)
+                  if not name.startswith('_') and name not in SETTABLE
+                  and hasattr(task_lib.Task, name))
+  if vars(task).get('config', config) is not config:
+    hidden.append('config')
+  if hidden:
+    raise errors.CtlError(
+        f'{type(task).__name__} sets attribute(s) {", ".join(hidden)}, which '
+        'hide ctl.Task\'s own of that name (ctl reads them): rename them, '
+        'e.g. self.model or self.networks instead of self.models.')
+
+
+def check_no_keras_accumulation(task: task_lib.Task) -> None:
+  """Fails if an optimizer accumulates gradients itself, which Keras 3
+  cannot do on more than one replica (a merge_call inside a tf.cond).
+
+  Raises:
+    CtlError: saying to use config.accumulate_steps or ctx.accumulate.
+  """
+  for value in task_lib.attribute_values(task):
+    inner = getattr(value, 'inner_optimizer', value)  # LossScaleOptimizer.
+    if (isinstance(inner, keras.optimizers.Optimizer) and
+        (inner.gradient_accumulation_steps or 0) > 1):
+      raise errors.CtlError(
+          f'An optimizer of {type(task).__name__} has gradient_accumulation'
+          f'_steps={inner.gradient_accumulation_steps}, which Keras cannot '
+          'run on more than one replica: leave it out, and set '
+          'config.accumulate_steps (built-in tasks) or call ctx.accumulate '
+          'in train_step.')

@@ -129,7 +129,10 @@ class Rollback(actions.Action):
       self._recent = (self._recent + [value])[-self._window:]
       return
     if self._rollbacks >= self._max_rollbacks:
-      failures.check_finite(event.loop_means, event.first_step, event.step)
+      diverged = failures.divergence(event.loop_means, event.first_step,
+                                     event.step)
+      if diverged:
+        raise diverged
       raise errors.CtlError(
           f'The training {self._metric} {problem} after step {event.step}, '
           f'and the run was rolled back {self._rollbacks} time(s) already '

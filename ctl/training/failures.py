@@ -257,15 +257,16 @@ def _present(workdir: str) -> bool:
     return True
 
 
-def check_finite(logs: dict[str, float], previous_step: int,
-                 step: int) -> None:
-  """Raises CtlError naming the first log that is not finite."""
+def divergence(logs: dict[str, float], previous_step: int,
+               step: int) -> errors.CtlError | None:
+  """The CtlError naming the first log that is not finite; None if all are."""
   for name, value in logs.items():
     if not math.isfinite(value):
       where = (f'at step {step}' if step - previous_step == 1 else
                f'in steps {previous_step + 1}..{step}')
-      raise errors.CtlError(
+      return errors.CtlError(
           f'The training {name} is {value} after step {step}: it diverged '
           f'{where}. Nothing was saved after step {previous_step}. Lower the '
           'learning rate, or run with --config.steps_per_loop=1 to find the '
           'exact step.')
+  return None

@@ -46,7 +46,7 @@ class Process:
   Attributes:
     stop_signal: SIGTERM's request to stop (ctl/runtime/preemption.py).
     workdir_lock: the workdir's lock, taken when the chief first writes.
-    started: when the process started (speed.process_start_time).
+    started: when the process started (tf_process.process_start_time).
   """
 
   stop_signal: preemption.StopSignal

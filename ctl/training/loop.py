@@ -20,6 +20,7 @@ action and whose weights it puts back on an action's rollback.
 
 from collections.abc import Callable, Sequence
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -35,7 +36,6 @@ from ctl.training import job as job_lib
 from ctl.training import loop_plan
 from ctl.training import metric_reading
 from ctl.training import report as report_lib
-from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 
 # The loop arguments kept as tensors (TrainLoop._int32_tensor).
@@ -92,7 +92,7 @@ class Wiring:
   workdir: str
   job: job_lib.Job
   process: job_lib.Process
-  speed: speed_lib.SpeedMeter
+  speed: report_lib.SpeedMeter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +187,10 @@ class TrainLoop:
                  for name, value in outputs['loop_logs'].items()}
     agreed = (outputs['requests'].numpy() > 0).tolist()
     self._time_first_loop(first_step, step)
-    if self._stop_on_divergence:
-      failures.check_finite(logs, first_step, step)
+    # Checked here, cheaply; failures.py says what a divergence means.
+    if self._stop_on_divergence and not all(map(math.isfinite,
+                                                logs.values())):
+      raise failures.divergence(logs, first_step, step)
     self._work.report.add(logs, num_steps, loop_logs, outputs.get('metrics'))
     return _Trained(logs, agreed[0], self._schedule.timed(agreed[1:]))
 
@@ -196,7 +198,7 @@ class TrainLoop:
     """Times the loop; logs when the process's first loop is done."""
     if not self._wiring.speed.stop(step - first_step):
       return
-    self.first_step_seconds = speed_lib.seconds_since(
+    self.first_step_seconds = report_lib.seconds_since(
         self._wiring.process.started)
     # A resumed run's first loop is as long as an uninterrupted run's.
     logging.info('%s done %.1f s after the process started',

@@ -1,13 +1,14 @@
 """The report action: the log line and the train summaries, every
-`log_steps` and `summary_steps`, at each epoch's end and at the end."""
+`log_steps` and `summary_steps`, at each epoch's end and at the end; and
+the speed it reports (`SpeedMeter`: loop timing, steady speed, ETA)."""
 
+import time
 from typing import Any
 
 from ctl import actions as actions_lib
 from ctl import metric_writers
 from ctl.metric_writers import log_line
 from ctl.training import metric_reading
-from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 
 
@@ -31,7 +32,7 @@ class Reporter(actions_lib.Action):
   def __init__(self, *, length: state_lib.TrainingLength,
                metrics: metric_reading.MetricReader,
                writer: metric_writers.MetricWriter,
-               speed: speed_lib.SpeedMeter,
+               speed: 'SpeedMeter',
                when: actions_lib.When, summary_when: actions_lib.When):
     """Args as named; writer: the train summaries' (run_writers.
     train_summaries); when: the report action's, summary_when: the
@@ -110,3 +111,68 @@ class Reporter(actions_lib.Action):
     if event.end:
       self._line.flush()  # A live line on a terminal scrolls at the end.
     return scalars
+
+
+class SpeedMeter:
+  """Times train loops; the first (it traces the functions) is left out."""
+
+  def __init__(self, clock=time.monotonic):
+    self._clock = clock
+    self._loop_started = 0.0
+    self._steps = 0  # Since the last steps_per_second().
+    self._seconds = 0.0
+    self._loop_ends = []  # (steps trained, time) after each loop.
+    self._first = None  # (steps, seconds) of the first loop, until read.
+
+  def start(self) -> None:
+    self._loop_started = self._clock()
+
+  def stop(self, num_steps: int) -> bool:
+    """Records a loop of num_steps steps; returns whether it was the first."""
+    now = self._clock()
+    first = not self._loop_ends
+    trained = num_steps + (self._loop_ends[-1][0] if self._loop_ends else 0)
+    self._loop_ends.append((trained, now))
+    if first:
+      self._first = (num_steps, now - self._loop_started)
+    else:
+      self._steps += num_steps
+      self._seconds += now - self._loop_started
+    return first
+
+  def steps_per_second(self) -> float | None:
+    """Training speed since the last call, inside train loops only; the
+    first loop's (its tracing included) when it is all there was (a
+    resumed run's first report may follow its first loop alone)."""
+    steps, seconds = (self._steps, self._seconds) if self._seconds else (
+        self._first or (0, 0.0))
+    self._steps, self._seconds, self._first = 0, 0.0, None
+    return steps / seconds if seconds else None
+
+  def steady_steps_per_second(self) -> float | None:
+    """Speed over the second half of the steps trained, periodic work included.
+
+    By then every function has been traced once (the first report, eval and
+    save each trace one); a long run is dominated by this speed.
+    """
+    if len(self._loop_ends) < 2:
+      return None
+    trained, now = self._loop_ends[-1]
+    half = next(end for end in self._loop_ends if end[0] >= trained / 2)
+    if half[0] == trained:
+      half = self._loop_ends[-2]
+    return (trained - half[0]) / (now - half[1])
+
+  def eta_seconds(self, step: int, total_steps: int) -> float | None:
+    """Time left at the pace since the first loop, evaluations included."""
+    if len(self._loop_ends) < 2:
+      return None
+    (first_steps, first_time), (steps, _) = (self._loop_ends[0],
+                                             self._loop_ends[-1])
+    pace = (self._clock() - first_time) / (steps - first_steps)
+    return pace * (total_steps - step)
+
+
+def seconds_since(start: float) -> float:
+  """Seconds since `start`, a time.monotonic()."""
+  return time.monotonic() - start

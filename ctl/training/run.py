@@ -23,11 +23,11 @@ from ctl.cluster import worker_status
 from ctl.cluster import worker_timings
 from ctl.runtime import preemption
 from ctl.runtime import tf_internals
+from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import checkpoint_evaluation
 from ctl.training import failures
 from ctl.training import job as job_lib
-from ctl.training import speed as speed_lib
 from ctl.training import trainer as trainer_lib
 
 
@@ -59,7 +59,7 @@ def train_and_evaluate(
     CtlError: the data, the workdir, the task or a checkpoint is unusable,
       or the loss diverged; no checkpoint or result was overwritten.
   """
-  started = speed_lib.process_start_time()
+  started = tf_process.process_start_time()
   task_class, strategy, role = _set_up(config)
   if role.task_type == 'evaluator':
     return _evaluate_as_side_car(config, workdir, strategy, role,

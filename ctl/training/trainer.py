@@ -39,10 +39,8 @@ from ctl.training import metric_reading
 from ctl.training import pruning
 from ctl.training import report
 from ctl.training import run_writers
-from ctl.training import speed as speed_lib
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
-from ctl.training import xla
 
 When = actions_lib.When
 
@@ -81,7 +79,9 @@ class Trainer:
     self.task_actions = [
         *builtin_actions.from_config(config),
         self.logged_values,
-        *pruning.from_config(config, task_info.is_chief),
+        # A search's trial only (ctl.sweep sets config.search).
+        *(pruning.from_config(config, task_info.is_chief)
+          if config.search.storage else ()),
         *self.task.actions()]
     # The report's state is saved beside theirs, under its own name.
     actions_lib.check_names([*self.task_actions, *self.logged_values.states,
@@ -92,7 +92,7 @@ class Trainer:
                       'does not: actions after each evaluation (early '
                       'stopping) never run.')
     self.checkpoint.track([*self.task_actions, *self.logged_values.states])
-    self.speed = speed_lib.SpeedMeter()
+    self.speed = report.SpeedMeter()
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
     self.evaluation = evaluation.for_training(
@@ -104,7 +104,7 @@ class Trainer:
     """Chooses XLA and makes the training input."""
     config = self.config
     in_memory = isinstance(assembled.train_data, task_lib.InMemory)
-    self.jit_compile = xla.resolve(
+    self.jit_compile = steps_lib.resolve_xla(
         config.jit_compile, num_replicas=self.strategy.num_replicas_in_sync,
         task=self.task, in_memory=in_memory)
     logging.info('XLA compiles: %s (config.jit_compile=%r)', self.jit_compile,

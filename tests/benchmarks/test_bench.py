@@ -19,7 +19,7 @@ from benchmarks import timeslice
 from benchmarks import user_task
 from benchmarks import workloads as bw
 from ctl import config as config_lib
-from ctl.training import xla
+from ctl.training import steps as steps_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -184,7 +184,7 @@ def test_the_xla_ceiling_is_what_ctl_compiles_by_default():
   # classification task: a whole loop for the MLP, each step for the CNN.
   for name, expected in (('mlp', 'loop'), ('cnn', 'step')):
     task = bw.build_task(bw.WORKLOADS[name])
-    assert xla.resolve('auto', num_replicas=1, task=task,
+    assert steps_lib.resolve_xla('auto', num_replicas=1, task=task,
                        in_memory=True) == expected
 
 

@@ -19,7 +19,7 @@ from ctl.runtime import preemption
 from ctl.training import job as job_lib
 from ctl.training import loop as loop_lib
 from ctl.training import loop_plan
-from ctl.training import speed as speed_lib
+from ctl.training import report as report_lib
 from ctl.training import state as state_lib
 
 When = ctl.When
@@ -133,7 +133,7 @@ def _loop(actions, record, *, first=(), total_steps=12, steps_per_epoch=100,
                       distribution.Role(None, 0, 1, True)),
       process=job_lib.Process(stop_signal or preemption.StopSignal(), None,
                               time.monotonic()),
-      speed=speed_lib.SpeedMeter())
+      speed=report_lib.SpeedMeter())
   runner = FakeRunner()
   return loop_lib.TrainLoop(runner, work, wiring, clock=clock), runner, saves
 

@@ -6,7 +6,7 @@ import pytest
 from ctl import errors
 from ctl import task as task_lib
 from ctl.training import run
-from ctl.training import xla
+from ctl.training import steps
 import helpers
 
 
@@ -37,12 +37,12 @@ def test_resolve_jit_compile(setting, num_replicas, in_memory, layers,
                              expected):
   # Nested models count: their convolutions are found too.
   model = keras.Sequential([keras.Input((8, 8, 1)), _model(*layers)])
-  assert xla.resolve(setting, num_replicas=num_replicas, task=_Task(model),
+  assert steps.resolve_xla(setting, num_replicas=num_replicas, task=_Task(model),
                      in_memory=in_memory) == expected
 
 
 def test_auto_leaves_a_users_own_steps_alone():
-  assert xla.resolve('auto', num_replicas=1, in_memory=True,
+  assert steps.resolve_xla('auto', num_replicas=1, in_memory=True,
                      task=_Task(_model(), auto_xla=False)) == 'off'
 
 
@@ -54,7 +54,7 @@ def test_auto_leaves_a_users_own_steps_alone():
 def test_impossible_choices_are_config_errors(setting, num_replicas,
                                               in_memory, message):
   with pytest.raises(errors.ConfigError, match=message):
-    xla.resolve(setting, num_replicas=num_replicas, task=_Task(_model()),
+    steps.resolve_xla(setting, num_replicas=num_replicas, task=_Task(_model()),
                 in_memory=in_memory)
 
 
