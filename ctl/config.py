@@ -13,7 +13,6 @@ from absl import flags
 import ml_collections
 
 from ctl import config_checks
-from ctl import config_upgrade
 from ctl import errors
 
 # The checks live in ctl/config_checks.py; callers' names for them.
@@ -279,9 +278,9 @@ def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
   """Defines --config: a config file, locked, overridable by --config.key=v.
 
   Overrides come from argv (sys.argv by default); an old release's file
-  gets the fields it lacks first (config_upgrade).
+  gets the fields it lacks first (config_checks).
   """
-  return config_upgrade.define_config_file(
+  return config_checks.define_config_file(
       'config', 'Training config file, e.g. configs/digits.py.',
       flag_values=flag_values,
       sys_argv=list(argv) if argv is not None else None)

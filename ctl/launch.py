@@ -38,7 +38,7 @@ from absl import app
 from absl import flags
 
 from ctl import errors
-from ctl.runtime import preemption
+from ctl.runtime import tf_process
 from ctl.runtime import subprocesses
 
 _NUM_WORKERS = flags.DEFINE_integer('num_workers', 2, 'Workers to start.',
@@ -78,7 +78,7 @@ def main(argv: list[str]) -> None:
           console.say('Ctrl-C twice: stopped at once, without saving. Run '
                       'the same command again to resume from the latest '
                       'checkpoint.')
-          sys.exit(preemption.EXIT_INTERRUPTED)
+          sys.exit(tf_process.EXIT_INTERRUPTED)
         sys.exit(code)
       restartable = code in _RESTARTABLE
       if not restartable or attempt > _MAX_RESTARTS.value:

@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
   try:
     modes.run(_MODE.value, _CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
   except KeyboardInterrupt:
-    # Ctrl-C before training took it over (preemption.StopSignal): nothing
+    # Ctrl-C before training took it over (tf_process.StopSignal): nothing
     # was trained, so nothing needed saving.
     return _report(errors.Preempted(
         'Ctrl-C before training started: nothing was trained or written '

@@ -14,7 +14,7 @@ PACKAGE = helpers.REPO / 'ctl'
 # Each part of ctl and its layer: a part imports only parts of lower layers.
 LAYERS = {
     'errors': 0,
-    'config_checks': 1, 'config_upgrade': 1,
+    'config_checks': 1,
     'registry': 2, 'config': 2, 'actions': 2, 'storage': 2,
     'config_help': 3, 'runtime': 3, 'data': 3, 'hyper': 3,
     'step_context': 4, 'metric_writers': 4,

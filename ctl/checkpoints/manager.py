@@ -266,7 +266,7 @@ class TrainingCheckpoint(actions_lib.Action):
   on_every_worker = True
 
   def __init__(self, checkpointer: Checkpointer,
-               data: data_positions.DataPositions,
+               data: data_positions.DataPositions | None,
                states: actions_lib.ActionStates, *, task, state,
                when: actions_lib.When, workdir: str,
                workdir_lock: workdir_lib.Lock):
@@ -274,14 +274,14 @@ class TrainingCheckpoint(actions_lib.Action):
 
     Args:
       checkpointer: the checkpoint of the task's variables and `state`.
+      data: this worker's data positions; None: its input has none.
       states: the variable in its checkpoint holding the actions'.
       task: the ctl.Task whose weights restore_weights puts back.
       state: the TrainState (step, epoch), checked on restore.
       workdir_lock: the lock of `workdir`; a save into a workdir that
         vanished (the lock lost) fails.
     """
-    self.checkpointer, self.data = checkpointer, data
-    self._states = states
+    self.checkpointer, self.data, self._states = checkpointer, data, states
     self._actions = []  # Those whose states it saves (track).
     self._task, self._state = task, state
     self.when = when
@@ -300,7 +300,8 @@ class TrainingCheckpoint(actions_lib.Action):
       return None
     self._state.check_resumable(steps_per_epoch)
     step = int(self._state.step.numpy())
-    self.data.restore(step)
+    if self.data:
+      self.data.restore(step)
     return Restored(step, self._states.restore(self._actions))
 
   def track(self, actions: Sequence[actions_lib.Action]) -> None:
@@ -318,7 +319,8 @@ class TrainingCheckpoint(actions_lib.Action):
     why training stops there, if it does), the data position, the model."""
     self.check_workdir()
     self._states.capture(self._actions, stopped)
-    self.data.save(step)
+    if self.data:
+      self.data.save(step)
     self.checkpointer.save(step)
 
   def restore_weights(self) -> int:

@@ -8,11 +8,9 @@ waited), when TensorFlow reports a lost peer, and at any time on SIGUSR1
 (`kill -USR1 <pid>`), which does not stop training.
 
 SIGUSR1 reaches Python's handlers only when the main thread runs Python,
-and a hung worker's main thread waits inside TensorFlow. So the handler
-does nothing itself: the signal's number goes through Python's wakeup
-file descriptor (`signal.set_wakeup_fd`, written by the C-level handler
-on whichever thread got the signal) to a thread of ours, which writes the
-dump.
+and a hung worker's main thread waits inside TensorFlow: training answers
+it on a thread of its own (`tf_process.OnSignal`, with the process's other
+signals), which calls `write_on_signal`.
 """
 
 import os
@@ -110,58 +108,11 @@ def name_stalled_peers(failure: errors.PeerFailure,
   return errors.PeerFailure(f'{failure} {named}{where}')
 
 
-class DumpOnSignal:
-  """A context in which SIGUSR1 writes this worker's dump (training goes
-  on). Enter it on the main thread; elsewhere it does nothing."""
-
-  def __init__(self, status: worker_status.WorkerStatus,
-               signum: int = signal.SIGUSR1):
-    self._status = status
-    self._signum = signum
-    self._pipe = None
-    self._previous = None
-    self._previous_fd = -1
-    self._thread = None
-
-  def __enter__(self) -> 'DumpOnSignal':
-    if threading.current_thread() is not threading.main_thread():
-      return self
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)  # set_wakeup_fd needs it.
-    self._previous = signal.signal(self._signum, lambda *_: None)
-    try:
-      self._previous_fd = signal.set_wakeup_fd(write_end,
-                                               warn_on_full_buffer=False)
-    except ValueError:
-      signal.signal(self._signum, self._previous)
-      os.close(read_end)
-      os.close(write_end)
-      return self
-    self._pipe = (read_end, write_end)
-    self._thread = threading.Thread(target=self._serve, daemon=True,
-                                    name='ctl-diagnostics-on-signal')
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    if self._pipe is None:
-      return
-    signal.set_wakeup_fd(self._previous_fd)
-    signal.signal(self._signum, self._previous)
-    os.write(self._pipe[1], b'\0')  # Ends _serve.
-    self._thread.join()
-    for end in self._pipe:
-      os.close(end)
-    self._pipe = None
-
-  def _serve(self) -> None:
-    """Writes a dump for each SIGUSR1, until a zero byte."""
-    while True:
-      received = os.read(self._pipe[0], 64)
-      if not received or 0 in received:
-        return
-      if self._signum in received:
-        try:
-          write(self._status, f'{signal.Signals(self._signum).name} asked')
-        except Exception as error:  # pylint: disable=broad-except
-          logging.error('Could not write the diagnostics: %s', error)
+def write_on_signal(status: worker_status.WorkerStatus,
+                    signum: int = signal.SIGUSR1) -> None:
+  """Writes the dump a signal asked for (run on tf_process.OnSignal's
+  thread, training going on); a failure to write it is logged."""
+  try:
+    write(status, f'{signal.Signals(signum).name} asked')
+  except Exception as error:  # pylint: disable=broad-except
+    logging.error('Could not write the diagnostics: %s', error)

@@ -213,7 +213,7 @@ class _StartUpSignal:
 
   On leaving, SIGTERM's previous Python handler (normally the default: the
   process ends) comes back, replacing TensorFlow's, which only sets a flag
-  nothing reads before training installs its own (preemption.StopSignal):
+  nothing reads before training installs its own (tf_process.StopSignal):
   a SIGTERM in between ends the process (code -15) before anything was
   trained, rather than being lost.
 

@@ -1,4 +1,5 @@
-"""A TensorFlow process's life: started quietly, leaving no files, ended fast.
+"""A TensorFlow process's life: started quietly, its signals, leaving no
+files, ended fast.
 
 - TensorFlow's start-up prints a dozen lines before its logging is set up
   (oneDNN, CUDA stubs, CPU instructions, twice), and an error-level "failed
@@ -14,14 +15,37 @@
 - `exit_now` skips TensorFlow's shutdown, which takes seconds under
   MultiWorkerMirroredStrategy (4 to 11 measured, more when a peer is gone),
   time a preemption's grace period cannot spare.
+- SIGTERM or Ctrl-C (`StopSignal`): finish the current loop of steps, save,
+  exit with 42. Schedulers preempt with SIGTERM and, after a grace period,
+  SIGKILL (Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds).
+  The handler only records the request; the training loop passes it into
+  the next `train_loop` call, which all-reduces it with the other workers'
+  requests, so every worker stops after the same step and takes part in the
+  same save. That costs no extra synchronisation, so it is used for every
+  strategy. Ctrl-C (SIGINT) does the same; a second Ctrl-C stops at once,
+  without saving (the latest checkpoint stays the one to resume from).
+  Once a MultiWorkerMirroredStrategy exists, TensorFlow's runtime catches
+  SIGTERM and only sets a flag of its own; a Python handler installed after
+  the strategy is built replaces that, so `StopSignal` must be entered
+  after `distribution.build_strategy`.
+- Any other signal a run answers while it trains (`OnSignal`: SIGUSR1, the
+  diagnostics dump) reaches Python's handlers only when the main thread
+  runs Python, and a hung worker's main thread waits inside TensorFlow. So
+  the handler does nothing itself: the signal's number goes through
+  Python's wakeup file descriptor (`signal.set_wakeup_fd`, written by the
+  C-level handler on whichever thread got the signal) to a thread of ours,
+  which calls the function.
 """
 
 import atexit
+from collections.abc import Callable
 import contextlib
 import glob
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 from absl import logging
@@ -153,3 +177,112 @@ def _process_start_time() -> float:
     return time.monotonic() - age
   except (OSError, ValueError, IndexError):
     return time.monotonic()
+
+
+# The code of a process stopped by a second Ctrl-C, as a shell reports one
+# ended by SIGINT.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+
+class StopSignal:
+  """A context in which SIGTERM and SIGINT request a stop instead of
+  killing."""
+
+  def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM,
+                                                 signal.SIGINT)):
+    self._signums = signums
+    self._previous = {}
+    self.requested = False
+    self.received = None  # The name of the signal that asked first.
+
+  def __enter__(self) -> 'StopSignal':
+    if threading.current_thread() is threading.main_thread():
+      for signum in self._signums:
+        self._previous[signum] = signal.signal(signum, self._handle)
+    else:
+      logging.warning('Not on the main thread: SIGTERM will not stop '
+                      'training cleanly.')
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    name = 'Ctrl-C' if signum == signal.SIGINT else signal.Signals(signum).name
+    if self.requested and signum == signal.SIGINT:
+      # Straight to the file descriptor: no Python buffer to meet.
+      os.write(2, b'\nctl: error: Ctrl-C twice: stopped at once, without '
+               b'saving. Run the same command again to resume from the '
+               b'latest checkpoint.\n')
+      os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
+    if self.requested:
+      return
+    # The request first: whatever happens to the message below (a signal
+    # handler that writes can meet the interrupted write of the same
+    # stream), the stop is not lost.
+    self.received = name
+    self.requested = True
+    try:
+      logging.warning('Received %s: saving a checkpoint after this loop of '
+                      'steps, then exiting with code 42%s.', name,
+                      ' (Ctrl-C again: stop now, without saving)'
+                      if signum == signal.SIGINT else '')
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+
+class OnSignal:
+  """A context in which `signum` calls `call()` on a thread of its own,
+  named `name` (training goes on). Enter it on the main thread; elsewhere
+  it does nothing."""
+
+  def __init__(self, signum: int, call: Callable[[], None], name: str):
+    self._signum = signum
+    self._call, self._name = call, name
+    self._pipe = None
+    self._previous = None
+    self._previous_fd = -1
+    self._thread = None
+
+  def __enter__(self) -> 'OnSignal':
+    if threading.current_thread() is not threading.main_thread():
+      return self
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # set_wakeup_fd needs it.
+    self._previous = signal.signal(self._signum, lambda *_: None)
+    try:
+      self._previous_fd = signal.set_wakeup_fd(write_end,
+                                               warn_on_full_buffer=False)
+    except ValueError:
+      signal.signal(self._signum, self._previous)
+      os.close(read_end)
+      os.close(write_end)
+      return self
+    self._pipe = (read_end, write_end)
+    self._thread = threading.Thread(target=self._serve, daemon=True,
+                                    name=self._name)
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._pipe is None:
+      return
+    signal.set_wakeup_fd(self._previous_fd)
+    signal.signal(self._signum, self._previous)
+    os.write(self._pipe[1], b'\0')  # Ends _serve.
+    self._thread.join()
+    for end in self._pipe:
+      os.close(end)
+    self._pipe = None
+
+  def _serve(self) -> None:
+    """Calls the function for each signal, until a zero byte."""
+    while True:
+      received = os.read(self._pipe[0], 64)
+      if not received or 0 in received:
+        return
+      if self._signum in received:
+        self._call()

@@ -28,8 +28,8 @@ from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import files as checkpoint_files
 from ctl.cluster import distribution
-from ctl.runtime import preemption
 from ctl.runtime import scratch
+from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import evaluation
@@ -96,7 +96,7 @@ def evaluate_continuously(config: ml_collections.ConfigDict, workdir: str,
                'step %d', directory, last['step'], side.total_steps)
   waiting_since = time.monotonic()
   try:
-    with preemption.StopSignal() as stop_signal:
+    with tf_process.StopSignal() as stop_signal:
       while last['step'] < _final_step(workdir, side.total_steps):
         listed = checkpoint_files.listed(directory)
         pending = [(step, path) for step, path in listed

@@ -31,7 +31,6 @@ from ctl.data import in_memory
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import ema
 from ctl.training import job as job_lib
-from ctl.training import metric_reading
 from ctl.training import run_writers
 from ctl.training import task_calls
 
@@ -66,8 +65,8 @@ class Evaluator:
     self._sets = None
     self._writers = {}
     self._functions = {}
-    self._metrics = metric_reading.MetricReader(task.eval_metrics)
-    self._sum_over_workers = metric_reading.WorkerSum(strategy)
+    self._metrics = task_calls.MetricReader(task.eval_metrics)
+    self._sum_over_workers = task_calls.WorkerSum(strategy)
 
   def has_data(self) -> bool:
     """Whether the task has eval sets (builds them the first time)."""

@@ -9,7 +9,7 @@ import tensorflow as tf
 from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
-from ctl.runtime import preemption
+from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
 
 
@@ -44,11 +44,11 @@ class Process:
   """What this process holds for the run.
 
   Attributes:
-    stop_signal: SIGTERM's request to stop (ctl/runtime/preemption.py).
+    stop_signal: SIGTERM's request to stop (ctl/runtime/tf_process.py).
     workdir_lock: the workdir's lock, taken when the chief first writes.
     started: when the process started (tf_process.process_start_time).
   """
 
-  stop_signal: preemption.StopSignal
+  stop_signal: tf_process.StopSignal
   workdir_lock: workdir_lib.Lock
   started: float

@@ -34,7 +34,7 @@ from ctl.checkpoints import manager as checkpoint_manager
 from ctl.training import failures
 from ctl.training import job as job_lib
 from ctl.training import loop_plan
-from ctl.training import metric_reading
+from ctl.training import task_calls
 from ctl.training import report as report_lib
 from ctl.training import state as state_lib
 
@@ -127,7 +127,7 @@ class TrainLoop:
     # stops the run before any action runs.
     self._stop_on_divergence = not any(action.handles_divergence
                                        for action in self._actions)
-    self._worker_sum = metric_reading.WorkerSum(wiring.job.strategy)
+    self._worker_sum = task_calls.WorkerSum(wiring.job.strategy)
     self.eval_results = None  # The latest evaluation's.
     self.first_step_seconds = None
     self._tensors = {}  # {value: int32 tensor}, see _int32_tensor.

@@ -8,7 +8,7 @@ from typing import Any
 from ctl import actions as actions_lib
 from ctl import metric_writers
 from ctl.metric_writers import log_line
-from ctl.training import metric_reading
+from ctl.training import task_calls
 from ctl.training import state as state_lib
 
 
@@ -30,7 +30,7 @@ class Reporter(actions_lib.Action):
   on_every_worker = True
 
   def __init__(self, *, length: state_lib.TrainingLength,
-               metrics: metric_reading.MetricReader,
+               metrics: task_calls.MetricReader,
                writer: metric_writers.MetricWriter,
                speed: 'SpeedMeter',
                when: actions_lib.When, summary_when: actions_lib.When):
@@ -60,7 +60,7 @@ class Reporter(actions_lib.Action):
     self._steps += num_steps
     self._latest = loop_logs
     if metric_results is not None:
-      self._metric_results = metric_reading.as_python(metric_results)
+      self._metric_results = task_calls.as_python(metric_results)
 
   def restored(self) -> None:
     """After a rollback: the steps since the last report are dropped (their

@@ -6,6 +6,8 @@ what its failures mean for the user is said by failures.py.
 
 from collections.abc import Callable
 import contextlib
+import functools
+import signal
 
 from absl import logging
 import ml_collections
@@ -21,7 +23,6 @@ from ctl.cluster import peer_evidence
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
 from ctl.cluster import worker_timings
-from ctl.runtime import preemption
 from ctl.runtime import tf_internals
 from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
@@ -68,9 +69,9 @@ def train_and_evaluate(
   timeout_seconds = config.distribution.timeout_seconds
   watchdog, status, dumps = _watchdog_and_status(config, workdir, role)
   trainer = None
-  with preemption.StopSignal() as stop_signal, workdir_lib.Lock(
+  with tf_process.StopSignal() as stop_signal, workdir_lib.Lock(
       workdir, enabled=role.is_chief) as workdir_lock, (
-          status.recording()), diagnostics.DumpOnSignal(status):
+          status.recording()), _dump_on_signal(status):
     try:
       with watchdog or contextlib.nullcontext():
         trainer = trainer_lib.Trainer(
@@ -90,6 +91,14 @@ def train_and_evaluate(
     _record_end(status, results)
   distribution.leave_together(role, timeout_seconds)
   return results
+
+
+def _dump_on_signal(
+    status: worker_status.WorkerStatus) -> tf_process.OnSignal:
+  """SIGUSR1 writes this worker's diagnostics dump, training going on."""
+  return tf_process.OnSignal(
+      signal.SIGUSR1, functools.partial(diagnostics.write_on_signal, status),
+      name='ctl-diagnostics-on-signal')
 
 
 def _set_up(

@@ -25,7 +25,6 @@ from ctl.cluster import distribution
 from ctl.cluster import input_wait as input_wait_lib
 from ctl.data import inputs
 from ctl.runtime import tf_internals
-from ctl.training import metric_reading
 from ctl.training import state as state_lib
 from ctl.training import task_calls
 
@@ -63,7 +62,7 @@ class StepRunner:
   def __init__(self, *, strategy: tf.distribute.Strategy,
                task: task_lib.Task, train_input: inputs.TrainInput,
                state: state_lib.TrainState, options: StepOptions,
-               train_metrics: metric_reading.MetricReader | None = None,
+               train_metrics: task_calls.MetricReader | None = None,
                steps_done: tf.Variable | None = None,
                input_wait: input_wait_lib.InputWait | None = None):
     """Args as named.
@@ -90,7 +89,7 @@ class StepRunner:
     self._autograph = options.autograph
     self._accumulate_steps = options.accumulate_steps
     self._local_replicas = distribution.local_replicas(strategy)
-    self._train_metrics = train_metrics or metric_reading.MetricReader([])
+    self._train_metrics = train_metrics or task_calls.MetricReader([])
     self._steps_done = steps_done
     self._read_input = (input_wait.timed
                         if input_wait is not None and

@@ -35,7 +35,7 @@ from ctl.training import evaluation
 from ctl.training import job as job_lib
 from ctl.training import loop as loop_lib
 from ctl.training import loop_plan
-from ctl.training import metric_reading
+from ctl.training import task_calls
 from ctl.training import pruning
 from ctl.training import report
 from ctl.training import run_writers
@@ -125,11 +125,13 @@ class Trainer:
     states; saved by its intervals, at the end and on request."""
     config, task_info, workdir = self.config, self.task_info, self.workdir
     intervals = config.intervals
+    # In-memory data has none: the step is its position.
     positions = data_positions.DataPositions(
         self.train_input.checkpointable,
         workdir_lib.data_position_dir(workdir),
         max_to_keep=intervals.keep_checkpoints,
-        pipeline=task_info.worker_index, num_pipelines=task_info.num_workers)
+        pipeline=task_info.worker_index, num_pipelines=task_info.num_workers
+    ) if self.train_input.checkpointable else None
     model = checkpoint_manager.Checkpointer(
         assembled.checkpoint(), workdir_lib.checkpoint_dir(workdir),
         is_chief=task_info.is_chief, task_id=task_info.task_id,
@@ -151,7 +153,8 @@ class Trainer:
     Nothing is written before the run is known to start: a checkpoint that
     does not fit, or a finished run, leaves the workdir as it was.
     """
-    self.checkpoint.data.check_savable(self.train_input.dataset)
+    if self.checkpoint.data:
+      self.checkpoint.data.check_savable(self.train_input.dataset)
     restored = self.checkpoint.restore_latest(self.length.steps_per_epoch)
     if restored:
       if self.watchdog:
@@ -194,7 +197,7 @@ class Trainer:
     written: traced once more, only for accumulating runs."""
     one_step = loop_plan.LoopPlan(step, step + 1,
                                   self.length.steps_per_epoch, 1)
-    self._step_runner(metric_reading.MetricReader([])).trace_step(
+    self._step_runner(task_calls.MetricReader([])).trace_step(
         self.train_input.make_iterator(one_step))
 
   def _step_runner(self, train_metrics) -> steps_lib.StepRunner:
@@ -225,7 +228,7 @@ class Trainer:
     try:
       if self._stopped or step >= self.length.total_steps:
         return self._stopped
-      train_metrics = metric_reading.MetricReader(self.task.train_metrics)
+      train_metrics = task_calls.MetricReader(self.task.train_metrics)
       reporter = self._reporter(train_metrics, writer)
       work = loop_lib.Work(self._actions(reporter), report=reporter,
                            checkpoint=self.checkpoint,
@@ -236,7 +239,7 @@ class Trainer:
     finally:
       writer.close()  # What it wrote is whole on disk, whatever happened.
 
-  def _reporter(self, train_metrics: metric_reading.MetricReader,
+  def _reporter(self, train_metrics: task_calls.MetricReader,
                 writer: metric_writers.MetricWriter) -> report.Reporter:
     """The report action, with its sums since the last report from the
     checkpoint resumed (saved in every checkpoint from now on)."""
