@@ -1,5 +1,7 @@
-"""The checks a config must pass, how two configs differ, and the fields a
-config file of an earlier release lacks, filled in as it loads.
+"""The checks a config must pass, how two configs differ, the builders a
+config names found (`resolve_builder`: a built-in one, or a user's
+`package.module:function`), and the fields a config file of an earlier
+release lacks, filled in as it loads.
 
 ctl/config.py loads a config (its fields, the flags) and names these too
 (`config.validate`, ...), as callers have always called them.
@@ -13,6 +15,8 @@ loaded and before `--config.*` overrides apply (`define_config_file`), so
 that an override of one works too; a CtlDeprecationWarning names them.
 """
 
+from collections.abc import Callable, Mapping
+import importlib
 from typing import Any
 
 from absl import flags
@@ -265,3 +269,46 @@ def _section(config: ml_collections.ConfigDict,
       return None
     value = value[part]
   return value if isinstance(value, ml_collections.ConfigDict) else None
+
+
+def resolve_builder(name: str, builtins: Mapping[str, Callable | str],
+            what: str) -> Callable:
+  """Returns the builder called `name`.
+
+  Args:
+    name: a key of `builtins`, or `package.module:function` naming a user's
+      callable (importable from the current directory or the installed
+      packages).
+    builtins: the built-in builders by name, each a callable or its own
+      `package.module:function`, imported only when named.
+    what: what the builder builds, for error messages ("model", "dataset").
+
+  Raises:
+    ConfigError: when the name is unknown or cannot be imported.
+  """
+  if name in builtins:
+    builtin = builtins[name]
+    return _imported(builtin, what) if isinstance(builtin, str) else builtin
+  module_name, colon, attribute = name.partition(':')
+  if not colon or not module_name or not attribute:
+    raise errors.ConfigError(
+        f'Unknown {what} {name!r}: use one of {sorted(builtins)} or '
+        "'package.module:function' for your own.")
+  return _imported(name, what)
+
+
+def _imported(name: str, what: str) -> Callable:
+  """The callable `package.module:function` names, imported."""
+  module_name, _, attribute = name.partition(':')
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as error:
+    raise errors.ConfigError(
+        f'Cannot import module {module_name!r} named by {what} {name!r}: '
+        f'{error}') from error
+  builder = getattr(module, attribute, None)
+  if not callable(builder):
+    raise errors.ConfigError(
+        f'Module {module_name!r} has no function {attribute!r} '
+        f'(named by {what} {name!r}).')
+  return builder

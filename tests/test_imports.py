@@ -15,7 +15,7 @@ PACKAGE = helpers.REPO / 'ctl'
 LAYERS = {
     'errors': 0,
     'config_checks': 1,
-    'registry': 2, 'config': 2, 'actions': 2, 'storage': 2,
+    'config': 2, 'actions': 2, 'storage': 2,
     'config_help': 3, 'runtime': 3, 'data': 3, 'hyper': 3,
     'step_context': 4, 'metric_writers': 4,
     'task': 5, 'task_hooks': 5, 'cluster': 5,

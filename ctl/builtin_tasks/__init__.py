@@ -1,7 +1,7 @@
 """Tasks: the built-in ones, and finding a user's by name."""
 
 from ctl import errors
-from ctl import registry
+from ctl import config_checks
 from ctl import task as task_lib
 from ctl import task_hooks
 
@@ -25,7 +25,7 @@ def resolve(name: str) -> type[task_lib.Task]:
     ConfigError: when it cannot be imported, is not a ctl.Task, lacks a
       hook, or has one ctl cannot call.
   """
-  task_class = registry.resolve(name, _BUILT_IN, 'task')
+  task_class = config_checks.resolve_builder(name, _BUILT_IN, 'task')
   if not (isinstance(task_class, type) and
           issubclass(task_class, task_lib.Task)):
     raise errors.ConfigError(

@@ -3,8 +3,8 @@
 `config.task = 'classification'` (configs/digits.py, configs/mnist.py): the
 dataset (`data.name`), model (`model.name`), loss, metrics and optimizer
 are chosen in the config, built in or a user's `package.module:function`
-(the losses and metrics by name are here; models and optimizers in
-models.py and optimizers.py, which other tasks share).
+(its losses, metrics and optimizer, with its learning-rate schedule, are
+built here; its model in models.py, which keras_model.py shares).
 Its steps are the tutorials' step_fn; its data is held in memory and
 gathered inside the step, ctl's fastest input path.
 """
@@ -12,13 +12,13 @@ gathered inside the step, ctl's fastest input path.
 from collections.abc import Callable
 
 import keras
+import ml_collections
 import tensorflow as tf
 
-from ctl import registry
+from ctl import config_checks
 from ctl import task as task_lib
 from ctl.data import datasets
 from ctl.builtin_tasks import models
-from ctl.builtin_tasks import optimizers
 
 
 class Classification(task_lib.Task):
@@ -31,7 +31,7 @@ class Classification(task_lib.Task):
     data = self._data()
     self.model = models.build_model(config.model, data.input_shape,
                                     data.num_classes)
-    self.optimizer = optimizers.build_optimizer(
+    self.optimizer = build_optimizer(
         config.optimizer, self.total_steps,
         loss_scaling=config.model.dtype_policy == 'mixed_float16')
     # Builds the optimizer's slots now: lazily built slots fail with several
@@ -130,7 +130,7 @@ def build_loss(name: str) -> LossFn:
 
   A user's own is `package.module:function`, that function being the loss.
   """
-  return registry.resolve(name, _LOSSES, 'loss')
+  return config_checks.resolve_builder(name, _LOSSES, 'loss')
 
 
 def sparse_categorical_crossentropy(labels, logits):
@@ -142,7 +142,7 @@ def sparse_categorical_crossentropy(labels, logits):
 def build_metric(name: str) -> keras.metrics.Metric:
   """A new Keras metric(labels, logits) (config.metrics): built in, or a
   user's `package.module:function` returning one."""
-  return registry.resolve(name, _METRICS, 'metric')()
+  return config_checks.resolve_builder(name, _METRICS, 'metric')()
 
 
 _LOSSES = {'sparse_categorical_crossentropy': sparse_categorical_crossentropy}
@@ -151,3 +151,90 @@ _METRICS = {
     'top5_accuracy': lambda: keras.metrics.SparseTopKCategoricalAccuracy(
         k=5, name='top5_accuracy'),
 }
+
+
+def build_optimizer(config: ml_collections.ConfigDict, total_steps: int,
+                    loss_scaling: bool = False) -> keras.optimizers.Optimizer:
+  """Builds the optimizer named by config.name (the `optimizer` section).
+
+  A user's own is `package.module:function(config, learning_rate)`, the
+  learning rate being a float or a Keras schedule. With ema_momentum, it
+  keeps a moving average of the weights, which evaluation, export and
+  ctl.load use (ctl/training/assemble.py). With loss_scaling (for float16
+  models) it is wrapped in a keras.optimizers.LossScaleOptimizer.
+  """
+  learning_rate = build_schedule(config, total_steps)
+  builder = config_checks.resolve_builder(config.name, _OPTIMIZERS, 'optimizer')
+  optimizer = builder(config, learning_rate)
+  if config.ema_momentum:
+    # Read by the optimizer when it is built (in the task's build()).
+    optimizer.use_ema = True
+    optimizer.ema_momentum = config.ema_momentum
+  if loss_scaling:
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  return optimizer
+
+
+def build_schedule(
+    config: ml_collections.ConfigDict, total_steps: int
+) -> float | keras.optimizers.schedules.LearningRateSchedule:
+  """Warm-up (if any), then the schedule named by config.schedule."""
+  peak = config.learning_rate
+  decay_steps = max(total_steps - config.warmup_steps, 1)
+  end = peak * config.end_learning_rate_factor
+  if config.schedule == 'cosine':
+    schedule = keras.optimizers.schedules.CosineDecay(
+        peak, decay_steps, alpha=config.end_learning_rate_factor)
+  elif config.schedule == 'linear':
+    schedule = keras.optimizers.schedules.PolynomialDecay(
+        peak, decay_steps, end_learning_rate=end, power=1.0)
+  else:
+    schedule = peak
+  if config.warmup_steps:
+    return Warmup(schedule, peak, config.warmup_steps)
+  return schedule
+
+
+class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+  """Rises linearly from 0 to `peak`, then follows `after` from its step 0."""
+
+  def __init__(self, after, peak: float, warmup_steps: int):
+    self.after = after
+    self.peak = peak
+    self.warmup_steps = warmup_steps
+
+  def __call__(self, step):
+    step = tf.cast(step, tf.float32)
+    warming = self.peak * (step + 1) / self.warmup_steps
+    after_step = step - self.warmup_steps
+    after = (self.after(after_step) if callable(self.after) else
+             tf.constant(self.after, tf.float32))
+    return tf.where(step < self.warmup_steps, warming, after)
+
+  def get_config(self):
+    return {'after': self.after, 'peak': self.peak,
+            'warmup_steps': self.warmup_steps}
+
+
+def _adam(config, learning_rate):
+  return keras.optimizers.Adam(learning_rate,
+                               weight_decay=config.weight_decay or None)
+
+
+def _adamw(config, learning_rate):
+  return keras.optimizers.AdamW(learning_rate,
+                                weight_decay=config.weight_decay)
+
+
+def _sgd(config, learning_rate):
+  return keras.optimizers.SGD(learning_rate, momentum=config.momentum,
+                              weight_decay=config.weight_decay or None)
+
+
+def _rmsprop(config, learning_rate):
+  return keras.optimizers.RMSprop(learning_rate, momentum=config.momentum,
+                                  weight_decay=config.weight_decay or None)
+
+
+_OPTIMIZERS = {'adam': _adam, 'adamw': _adamw, 'sgd': _sgd,
+               'rmsprop': _rmsprop}

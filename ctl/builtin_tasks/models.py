@@ -9,7 +9,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
-from ctl import registry
+from ctl import config_checks
 
 
 def build_model(config: ml_collections.ConfigDict,
@@ -19,7 +19,7 @@ def build_model(config: ml_collections.ConfigDict,
   Its layers get config.dtype_policy (Keras's global policy is set while
   the builder runs, then restored).
   """
-  builder = registry.resolve(config.name, _BUILDERS, 'model')
+  builder = config_checks.resolve_builder(config.name, _BUILDERS, 'model')
   previous = keras.config.dtype_policy()
   keras.config.set_dtype_policy(config.dtype_policy)
   try:

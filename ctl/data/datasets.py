@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from ctl import errors
-from ctl import registry
+from ctl import config_checks
 from ctl import storage
 
 # The train/eval split of datasets that ship without one is fixed, so that
@@ -61,7 +61,7 @@ class Data:
 
 def load(config: ml_collections.ConfigDict) -> Data:
   """Loads the dataset named by config.name (the `data` config section)."""
-  loader = registry.resolve(config.name, _LOADERS, 'dataset')
+  loader = config_checks.resolve_builder(config.name, _LOADERS, 'dataset')
   return _as_data(loader(config), config.name)
 
 

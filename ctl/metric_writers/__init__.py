@@ -10,7 +10,7 @@ worker), TensorBoard (`tensorboard.TensorBoardWriter`), metrics.csv
 (`csv_file.CsvWriter`), MLflow (`mlflow_writer.MlflowWriter`), and a task's
 own (`Task.metric_writers()`); `mlflow_run.py` keeps a workdir's MLflow
 run. Which sinks a process gets is decided once, in
-ctl/training/run_writers.py: the chief gets them all, the other workers
+ctl/training/report.py: the chief gets them all, the other workers
 only their log lines, so that no sink asks whether it runs on the chief.
 (CLU's `clu/metric_writers` is the model: one interface, one writer per
 back end, a writer per collection of values.)

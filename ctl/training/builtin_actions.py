@@ -3,7 +3,7 @@ file of every logged value, and the profiler's start and stop.
 
 Any task's run takes the first two from config fields
 (`config.early_stopping`, `config.rollback`: `from_config`; `config.log_csv`
-is a sink of ctl/training/run_writers.py); a task's own `actions()`
+is a sink of ctl/training/report.py); a task's own `actions()`
 can add them too, with other arguments.
 """
 
@@ -20,7 +20,7 @@ from ctl import errors
 from ctl.checkpoints import best as best_lib
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import failures
-from ctl.training import run_writers
+from ctl.training import report
 
 class EarlyStopping(actions.Action):
   """Stops training cleanly (exit 0) once an eval metric has not improved
@@ -161,7 +161,7 @@ class Rollback(actions.Action):
     self._rollbacks = state['rollbacks']
 
 
-class CsvLogger(run_writers.LoggedValues):
+class CsvLogger(report.LoggedValues):
   """Appends every logged value to a CSV file, one `step,name,value` row
   each (ctl/metric_writers/csv_file.py: `train/loss`, `eval/accuracy`,
   `workers/1/input_wait_ms`); on the chief. config.log_csv writes

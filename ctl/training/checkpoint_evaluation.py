@@ -33,7 +33,7 @@ from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
 from ctl.training import evaluation
-from ctl.training import run_writers
+from ctl.training import report
 
 # Seconds between two looks for a new checkpoint (reading a small file).
 POLL_SECONDS = 1.0
@@ -165,7 +165,7 @@ class _SideEvaluation:
         context=self._assembled.context,
         eval_batch_size=self._assembled.length.eval_batch_size,
         seed=config.seed, autograph=config.autograph,
-        make_writer=lambda name: run_writers.eval_writer(
+        make_writer=lambda name: report.eval_writer(
             self._eval_dir, name, True))
     if not self._evaluator.has_data():
       raise errors.CtlError(

@@ -29,9 +29,9 @@ from ctl.checkpoints import manager as checkpoint_manager
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.data import in_memory
 from ctl.runtime import workdir as workdir_lib
-from ctl.training import ema
+from ctl.training import assemble
 from ctl.training import job as job_lib
-from ctl.training import run_writers
+from ctl.training import report
 from ctl.training import task_calls
 
 # The name of the one eval set of a task whose eval_data returns one set.
@@ -49,7 +49,7 @@ class Evaluator:
                autograph: bool = True,
                watchdog: watchdog_lib.Watchdog | None = None):
     """Args as named; make_writer(set name) makes a set's writer (its log
-    line, its summaries: run_writers.eval_writer);
+    line, its summaries: report.eval_writer);
     the watchdog (training's) is told of each batch, and does not count
     the eval sets' making."""
     self._strategy = strategy
@@ -261,7 +261,7 @@ class TrainingEvaluation(actions_lib.Action):
     if not self._enabled or not self._evaluator.has_data():
       return None
     if self._ema is None:
-      self._ema = ema.EmaWeights(self._task, self._strategy)
+      self._ema = assemble.EmaWeights(self._task, self._strategy)
     # With the optimizers' moving averages of the weights, if they keep
     # any; the best checkpoint is written with the training weights.
     with self._ema.swapped():
@@ -297,7 +297,7 @@ def for_training(config: ml_collections.ConfigDict, workdir: str, *,
       strategy=job.strategy, task=task, context=context,
       eval_batch_size=eval_batch_size, seed=config.seed,
       autograph=config.autograph,
-      make_writer=lambda name: run_writers.eval_writer(
+      make_writer=lambda name: report.eval_writer(
           workdir_lib.summary_dir(workdir, 'eval'), name, role.is_chief),
       watchdog=job.watchdog)
   return TrainingEvaluation(

@@ -38,7 +38,6 @@ from ctl.training import loop_plan
 from ctl.training import task_calls
 from ctl.training import pruning
 from ctl.training import report
-from ctl.training import run_writers
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
 
@@ -74,7 +73,7 @@ class Trainer:
     self.length, self.context = assembled.length, assembled.context
     self._build_input(assembled)
     self.checkpoint = self._training_checkpoint(assembled)
-    self.logged_values = run_writers.logged_values(
+    self.logged_values = report.logged_values(
         config, workdir, task_info.is_chief, self.task)
     self.task_actions = [
         *builtin_actions.from_config(config),
@@ -224,7 +223,7 @@ class Trainer:
     self.status.start(step=step, total_steps=self.length.total_steps,
                       steps_per_epoch=self.length.steps_per_epoch,
                       num_epochs=self.length.num_epochs)
-    writer = run_writers.train_summaries(self.workdir, self.task_info.is_chief)
+    writer = report.train_summaries(self.workdir, self.task_info.is_chief)
     try:
       if self._stopped or step >= self.length.total_steps:
         return self._stopped

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from ctl import config as config_lib
-from ctl.builtin_tasks import optimizers
+from ctl.builtin_tasks import classification
 
 
 def _schedule(total_steps=100, **fields):
   config = config_lib.classification_config().optimizer
   config.update(fields)
-  return optimizers.build_schedule(config, total_steps)
+  return classification.build_schedule(config, total_steps)
 
 
 def _values(schedule, steps):
@@ -42,5 +42,5 @@ def test_warmup_rises_linearly_then_decays():
 def test_builds_each_named_optimizer(name):
   config = config_lib.classification_config().optimizer
   config.name = name
-  optimizer = optimizers.build_optimizer(config, total_steps=10)
+  optimizer = classification.build_optimizer(config, total_steps=10)
   assert type(optimizer).__name__.lower() == name

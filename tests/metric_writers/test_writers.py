@@ -8,7 +8,7 @@ from ctl import actions
 from ctl import metric_writers
 from ctl.metric_writers import log_line
 from ctl.training import run
-from ctl.training import run_writers
+from ctl.training import report
 import helpers
 import user_modules
 
@@ -52,12 +52,12 @@ def test_a_worker_other_than_the_chief_writes_only_its_log_lines(
       helpers.load_config_file(NOISY), log_csv=True,
       **{'mlflow.tracking_uri': 'http://127.0.0.1:9'})
   workdir = tmp_path / 'workdir'
-  logged = run_writers.logged_values(config, str(workdir), False,
+  logged = report.logged_values(config, str(workdir), False,
                                      _NotOnThisWorker())
   assert type(logged.writer) is metric_writers.NullWriter
-  summaries = run_writers.train_summaries(str(workdir), False)
+  summaries = report.train_summaries(str(workdir), False)
   assert type(summaries) is metric_writers.NullWriter
-  evaluation = run_writers.eval_writer(str(workdir / 'eval'), '', False)
+  evaluation = report.eval_writer(str(workdir / 'eval'), '', False)
   assert type(evaluation) is log_line.LogLineWriter
 
   caplog.set_level('INFO')

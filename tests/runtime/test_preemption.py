@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from ctl import errors
-from ctl.runtime import preemption
+from ctl.runtime import tf_process
 import helpers
 
 NOISY = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
@@ -58,7 +58,7 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path):
     code = job.wait(timeout=300)
   finally:
     job.kill()
-  assert code == preemption.EXIT_INTERRUPTED, job.output[-3000:]
+  assert code == tf_process.EXIT_INTERRUPTED, job.output[-3000:]
   assert 'ctl: error: Ctrl-C twice: stopped at once' in job.output
   assert 'Stopped by Ctrl-C' not in job.output
   assert helpers.latest_checkpoint_step(tmp_path) == 0

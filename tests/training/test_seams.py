@@ -15,8 +15,8 @@ import ctl
 from ctl import builtin_tasks
 from ctl import config as config_lib
 from ctl.cluster import distribution
-from ctl.runtime import preemption
 from ctl.runtime import tf_internals
+from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import job as job_lib
 from ctl.training import trainer as trainer_lib
@@ -31,7 +31,7 @@ def _trainer(workdir, task_class=None, **fields):
   config_lib.validate(config)
   tf_internals.apply_fixes()
   strategy, task_info = distribution.build_strategy(config.distribution)
-  with preemption.StopSignal() as stop_signal, workdir_lib.Lock(
+  with tf_process.StopSignal() as stop_signal, workdir_lib.Lock(
       str(workdir)) as lock:
     yield trainer_lib.Trainer(
         config, str(workdir),

@@ -15,7 +15,7 @@ import tensorflow as tf
 import ctl
 from ctl import errors
 from ctl.cluster import distribution
-from ctl.runtime import preemption
+from ctl.runtime import tf_process
 from ctl.training import job as job_lib
 from ctl.training import loop as loop_lib
 from ctl.training import loop_plan
@@ -131,7 +131,7 @@ def _loop(actions, record, *, first=(), total_steps=12, steps_per_epoch=100,
       steps_per_loop=steps_per_loop, task=None, workdir='unused',
       job=job_lib.Job(tf.distribute.get_strategy(),
                       distribution.Role(None, 0, 1, True)),
-      process=job_lib.Process(stop_signal or preemption.StopSignal(), None,
+      process=job_lib.Process(stop_signal or tf_process.StopSignal(), None,
                               time.monotonic()),
       speed=report_lib.SpeedMeter())
   runner = FakeRunner()
@@ -255,7 +255,7 @@ def test_a_rollback_puts_the_weights_back_before_the_work_after_it():
 
 def test_sigterm_between_loops_saves_after_the_next_loop_and_raises():
   record = []
-  with preemption.StopSignal() as stop_signal:
+  with tf_process.StopSignal() as stop_signal:
     sends = Does('sends SIGTERM', When(steps=3), record,
                  then=lambda event: event.step == 3 and os.kill(
                      os.getpid(), signal.SIGTERM))
