@@ -72,9 +72,10 @@ def main(argv: list[str]) -> int:
   # Imported here so that flag errors are reported before TensorFlow loads.
   from ctl import modes  # pylint: disable=g-import-not-at-top
   from ctl import storage  # pylint: disable=g-import-not-at-top
-  from ctl.runtime import scratch  # pylint: disable=g-import-not-at-top
+  from ctl.runtime import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   storage.configure_remote_caches()
-  scratch.remove_leftovers()  # Those of ctl processes that were killed.
+  # Those of ctl processes that were killed.
+  workdir_lib.remove_scratch_leftovers()
   try:
     modes.run(_MODE.value, _CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
   except KeyboardInterrupt:

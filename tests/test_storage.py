@@ -69,9 +69,11 @@ _ALLOWED = {
     # the process's start time, from /proc.
     'ctl/runtime/tf_process.py': ('glob.glob', 'os.path.exists', 'os.remove',
                                   'os.rmdir', "open('/proc"),
-    # A flock of a local workdir, and who holds it from /proc.
+    # A flock of a local workdir, and who holds it from /proc; the local
+    # temp folder's leftovers of killed ctl processes: this user's folders
+    # only (their owner from os.stat), never a workdir.
     'ctl/runtime/workdir.py': ('os.path.isdir', 'os.stat', "open('/proc",
-                               "open(f'/proc"),
+                               "open(f'/proc", 'glob.glob'),
     # Whether a worker's process of this host runs, is stopped or gone, from
     # /proc (ctl.status, and a worker naming its stalled peers).
     'ctl/runtime/processes.py': ("os.path.exists('/proc", "open('/proc",
@@ -93,9 +95,6 @@ _ALLOWED = {
     # Read back for its last error line (Trial.error_line).
     'ctl/sweep/trials.py': ('open(self._local_log', 'os.path.exists(path)',
                             "open(path, 'rb')", 'os.path.getsize(path)'),
-    # The local temp folder's leftovers of killed ctl processes: this
-    # user's folders only (their owner from os.stat), never a workdir.
-    'ctl/runtime/scratch.py': ('glob.glob', 'os.path.isdir', 'os.stat'),
 }
 _FILE_ACCESS = re.compile(
     r'\bos\.path\.(exists|isdir|isfile|getsize|getmtime)\(|\bshutil\.\w+\('

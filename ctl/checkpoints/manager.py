@@ -4,7 +4,7 @@ Under MultiWorkerMirroredStrategy every worker must take part in a save
 (saving can run collectives). The chief writes `workdir/checkpoints`; every
 other worker writes to a temporary directory of its own, outside the
 workdir, and deletes it right after (a killed worker's: the next
-`ctl.main`, ctl/runtime/scratch.py).
+`ctl.main`, ctl/runtime/workdir.py).
 
 A save is crash-safe: tf.train.CheckpointManager writes the new
 checkpoint's files completely before it atomically rewrites the
@@ -28,7 +28,6 @@ from ctl import storage
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import data_positions
 from ctl.checkpoints import files as checkpoint_files
-from ctl.runtime import scratch
 from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
 
@@ -69,7 +68,8 @@ class Checkpointer:
       self._write_manager = self._read_manager
       self._scratch_directory = None
     else:
-      self._scratch_directory = scratch.path(f'workertemp_{task_id}')
+      self._scratch_directory = workdir_lib.scratch_path(
+          f'workertemp_{task_id}')
       self._write_manager = tf.train.CheckpointManager(
           checkpoint, self._scratch_directory, max_to_keep=1)
 

@@ -33,7 +33,6 @@ from ctl import task as task_lib
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.checkpoints import files as checkpoint_files
 from ctl.checkpoints import lookup
-from ctl.runtime import scratch
 from ctl.runtime import workdir as workdir_lib
 from ctl.serving import load as load_lib
 
@@ -77,10 +76,10 @@ def _remove_leftovers(workdir: str) -> None:
 
 def _make_folder(purpose: str, workdir: str | None) -> str:
   """A new temporary folder in workdir (named for _remove_leftovers), or
-  with None in this machine's temporary directory (ctl/runtime/scratch.py
+  with None in this machine's temporary directory (ctl/runtime/workdir.py
   names it: the next `ctl.main` removes it if this one is killed)."""
   if workdir is None:
-    return scratch.make_folder(f'export-{purpose}')
+    return workdir_lib.make_scratch_folder(f'export-{purpose}')
   return tempfile.mkdtemp(prefix=_temporary('.export') + purpose + '-',
                           dir=workdir)
 

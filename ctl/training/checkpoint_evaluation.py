@@ -28,7 +28,6 @@ from ctl import storage
 from ctl.checkpoints import best as best_lib
 from ctl.checkpoints import files as checkpoint_files
 from ctl.cluster import distribution
-from ctl.runtime import scratch
 from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import assemble as assemble_lib
@@ -192,7 +191,7 @@ class _SideEvaluation:
       reading = os.path.join(self._eval_dir, '.reading')
       storage.makedirs(reading)
     else:
-      reading = scratch.make_folder('reading')
+      reading = workdir_lib.make_scratch_folder('reading')
     snapshot = os.path.join(reading, f'ckpt-{step}')
     if not checkpoint_files.snapshot_checkpoint(path, snapshot):
       logging.warning('Skipped checkpoint %s: it was deleted (rotated away '

@@ -9,16 +9,16 @@ import pytest
 import tensorflow as tf
 
 from ctl.checkpoints import manager
-from ctl.runtime import scratch
+from ctl.runtime import workdir
 import helpers
 
 # Makes the folders a non-chief worker and an export make, until killed.
 _HOLD = '''
 import os
 import sys
-from ctl.runtime import scratch
-os.makedirs(scratch.path('workertemp_1'))
-scratch.make_folder('export-staging')
+from ctl.runtime import workdir
+os.makedirs(workdir.scratch_path('workertemp_1'))
+workdir.make_scratch_folder('export-staging')
 print('made', flush=True)
 sys.stdin.read()
 '''
@@ -74,6 +74,6 @@ def test_a_non_chief_worker_saves_through_a_folder_of_its_own(tmp_path):
       tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), is_chief=False,
       task_id=1, max_to_keep=1)
   # Named for the clean-up above, if the worker is killed during a save.
-  assert checkpointer._scratch_directory == scratch.path('workertemp_1')  # pylint: disable=protected-access
+  assert checkpointer._scratch_directory == workdir.scratch_path('workertemp_1')  # pylint: disable=protected-access
   checkpointer.save(1)
   assert not list(tmp_path.iterdir())
