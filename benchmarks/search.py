@@ -147,7 +147,7 @@ def _keras_tuner_search(seed: int, directory: pathlib.Path) -> None:
   import keras  # pylint: disable=g-import-not-at-top
   import keras_tuner  # pylint: disable=g-import-not-at-top
   from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
-  from ctl.builtin_tasks import models  # pylint: disable=g-import-not-at-top
+  from ctl.builtin_tasks import classification  # pylint: disable=g-import-not-at-top
   from ctl.data import datasets  # pylint: disable=g-import-not-at-top
 
   config = config_lib.load(str(_REPO / 'configs' / 'digits.py'), FIXED)
@@ -160,7 +160,7 @@ def _keras_tuner_search(seed: int, directory: pathlib.Path) -> None:
     """The digits CNN and Adam at the values Keras Tuner picks."""
     model_config = config.model.copy_and_resolve_references()
     model_config.width = hp.Choice('width', list(WIDTHS))
-    model = models.build_model(model_config, train_x.shape[1:],
+    model = classification.build_model(model_config, train_x.shape[1:],
                                data.num_classes)
     model.compile(
         optimizer=keras.optimizers.Adam(hp.Float(

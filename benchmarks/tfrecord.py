@@ -46,7 +46,7 @@ from benchmarks import workloads
 from benchmarks.timeslice import Progress
 from ctl import config as config_lib
 from ctl import task as task_lib
-from ctl import builtin_tasks
+from ctl import task_hooks
 from ctl.checkpoints import data_positions
 from ctl.data import datasets
 from ctl.data import inputs
@@ -100,7 +100,7 @@ def _task_and_data(directory: str, **overrides
   """The task, built, and its training pipeline for one worker, as ctl
   reads it from step 0."""
   config = ctl_config(directory, **overrides)
-  task = builtin_tasks.resolve(config.task)(config)
+  task = task_hooks.resolve(config.task)(config)
   task.total_steps = config.total_steps
   dataset = task.train_data(tf.distribute.InputContext())
   if isinstance(dataset, tfrecord.GlobalBatches):
@@ -185,7 +185,7 @@ def _worker_pipeline(directory: str, order: str, num_workers: int,
   batch = 32 * num_workers
   config = ctl_config(directory, batch_size=batch,
                       **{'data.tfrecord.order': order})
-  task = builtin_tasks.resolve(config.task)(config)
+  task = task_hooks.resolve(config.task)(config)
   context = tf.distribute.InputContext(num_input_pipelines=num_workers,
                                        input_pipeline_id=0,
                                        num_replicas_in_sync=num_workers)

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from ctl import config as config_lib
 from ctl import task as task_lib
-from ctl import builtin_tasks
+from ctl import task_hooks
 from ctl.data import datasets
 from ctl.training import xla
 
@@ -37,7 +37,7 @@ class Workload:
   name: str
   description: str
   data: str  # A dataset function of this module.
-  model: str  # A ctl.builtin_tasks.models builder.
+  model: str  # A builder of ctl/builtin_tasks/classification.py.
   optimizer: str
   batch_size: int
   measure_steps: int  # Steps per measurement of the hand-written loops.
@@ -205,7 +205,7 @@ def build_task(workload: Workload) -> task_lib.Task:
   """The workload's classification task, built as ctl's trainer builds it
   (call inside the strategy's scope, if any)."""
   config = ctl_config(workload)
-  task = builtin_tasks.resolve(config.task)(config)
+  task = task_hooks.resolve(config.task)(config)
   task.total_steps = config.total_steps
   task.build()
   return task

@@ -72,7 +72,7 @@ class Task(tf.Module):
   train_metrics: Sequence[keras.metrics.Metric] = ()
   eval_metrics: Sequence[keras.metrics.Metric] = ()
   # Whether config.jit_compile='auto' may compile this task's steps with
-  # XLA (ctl.training.xla): only for steps known to compile, as the built-in
+  # XLA (steps.resolve_xla): only for steps known to compile, as the built-in
   # tasks' are. Set jit_compile explicitly to try XLA on your own.
   auto_xla = False
 

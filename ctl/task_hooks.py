@@ -1,6 +1,7 @@
-"""The hooks ctl calls on a task, each with the arguments it passes: checked
-when the task class is found (builtin_tasks.resolve), before anything is
-written.
+"""The task class a config names (`config.task`), found and checked: a
+built-in one (ctl/builtin_tasks/) or a user's `package.module:Class`
+(`resolve`); and the hooks ctl calls on a task, each with the arguments it
+passes, checked when the class is found, before anything is written.
 
 A hook whose signature changed keeps its old form for one release, with a
 warning naming the new one (ctl calls it the old way); any other hook that
@@ -14,7 +15,9 @@ import dataclasses
 import inspect
 from typing import Any
 
+from ctl import config_checks
 from ctl import errors
+from ctl import task as task_lib
 
 
 # A form of ctl's API that still works (ctl/errors.py).
@@ -52,6 +55,55 @@ HOOKS = {
 }
 
 CURRENT, OLD = 'current', 'old'
+
+
+# Each imported only when a config names it: the default run
+# (classification) imports no TFRecord, TFDS or Keras-model task code.
+BUILT_IN = {
+    'classification': 'ctl.builtin_tasks.classification:Classification',
+    'keras_model': 'ctl.builtin_tasks.keras_model:KerasModelTask',
+    'tfrecord_classification':
+        'ctl.builtin_tasks.tfrecord_classification:TFRecordClassification',
+    'tfds_classification':
+        'ctl.builtin_tasks.tfds_classification:TFDSClassification',
+}
+
+
+def resolve(name: str) -> type[task_lib.Task]:
+  """The task class named by config.task, checked to have every hook, each
+  of a signature ctl can call (an old one warned of).
+
+  Raises:
+    ConfigError: when it cannot be imported, is not a ctl.Task, lacks a
+      hook, or has one ctl cannot call.
+  """
+  task_class = config_checks.resolve_builder(name, BUILT_IN, 'task')
+  if not (isinstance(task_class, type) and
+          issubclass(task_class, task_lib.Task)):
+    raise errors.ConfigError(
+        f'config.task={name!r} is not a subclass of ctl.Task: write '
+        f'`class {getattr(task_class, "__name__", "MyTask")}(ctl.Task)`.')
+  missing = _missing_hooks(task_class)
+  if missing:
+    raise errors.ConfigError(
+        f'Task {name!r} lacks {", ".join(missing)}: write '
+        f'{"it" if len(missing) == 1 else "them"} as a method of '
+        f'{task_class.__name__} (see ctl/task.py).')
+  check(task_class)
+  return task_class
+
+
+_REQUIRED_HOOKS = ('build', 'train_data', 'train_step')
+
+
+def _missing_hooks(task_class: type) -> list[str]:
+  """The hooks a task class must write but does not."""
+  missing = [hook for hook in _REQUIRED_HOOKS
+             if getattr(task_class, hook) is getattr(task_lib.Task, hook)]
+  if (task_class.eval_data is not task_lib.Task.eval_data and
+      task_class.eval_step is task_lib.Task.eval_step):
+    missing.append('eval_step (it has eval_data)')
+  return missing
 
 
 def check(task_class: type) -> None:

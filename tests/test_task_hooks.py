@@ -10,7 +10,6 @@ import pytest
 import tensorflow as tf
 
 import ctl
-from ctl import builtin_tasks
 from ctl import errors
 from ctl import task_hooks
 
@@ -67,9 +66,9 @@ def test_the_table_names_every_hook_task_defines():
   assert defined == set(task_hooks.HOOKS)
 
 
-@pytest.mark.parametrize('name', sorted(builtin_tasks._BUILT_IN))
+@pytest.mark.parametrize('name', sorted(task_hooks.BUILT_IN))
 def test_built_in_tasks_pass_without_a_warning(name):
-  assert _check(builtin_tasks.resolve(name)) == []
+  assert _check(task_hooks.resolve(name)) == []
 
 
 def test_task_itself_passes():

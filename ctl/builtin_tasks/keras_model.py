@@ -12,7 +12,6 @@ read and reset at every report and before every evaluation.
 from ctl import errors
 from ctl import task as task_lib
 from ctl.builtin_tasks import classification
-from ctl.builtin_tasks import models
 
 
 class KerasModelTask(classification.Classification):
@@ -22,7 +21,7 @@ class KerasModelTask(classification.Classification):
 
   def build(self) -> None:
     data = self._data()
-    self.model = models.build_model(self.config.model, data.input_shape,
+    self.model = classification.build_model(self.config.model, data.input_shape,
                                     data.num_classes)
     if not self.model.compiled or self.model.optimizer is None:
       raise errors.ConfigError(

@@ -28,7 +28,7 @@ import tensorflow as tf
 from ctl import actions as actions_lib
 from ctl import errors
 from ctl import task as task_lib
-from ctl import builtin_tasks
+from ctl import task_hooks
 from ctl.checkpoints import contents as checkpoint_contents
 from ctl.data import inputs
 from ctl.cluster import distribution
@@ -121,7 +121,7 @@ def assemble_locally(config: ml_collections.ConfigDict,
                      strategy: tf.distribute.Strategy) -> Assembled:
   """config's task, built as one process of its own on `strategy` (this
   process's devices): for evaluation, export and ctl.load."""
-  task_class = builtin_tasks.resolve(config.task)
+  task_class = task_hooks.resolve(config.task)
   tf_internals.apply_fixes()
   return assemble(config, strategy, distribution.Role(None, 0, 1, True),
                   task_class)

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from ctl import config as config_lib
 from ctl import errors
-from ctl import builtin_tasks
+from ctl import task_hooks
 from ctl.cluster import diagnostics
 from ctl.cluster import distribution
 from ctl.cluster import input_wait
@@ -113,7 +113,7 @@ def _set_up(
     ConfigError: the config cannot work; nothing was written.
   """
   config_lib.validate(config)
-  task_class = builtin_tasks.resolve(config.task)
+  task_class = task_hooks.resolve(config.task)
   tf_internals.apply_fixes()
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()

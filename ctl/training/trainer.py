@@ -76,7 +76,10 @@ class Trainer:
     self.logged_values = report.logged_values(
         config, workdir, task_info.is_chief, self.task)
     self.task_actions = [
-        *builtin_actions.from_config(config),
+        # Early stopping, rollback: only where the config asks for them.
+        *(builtin_actions.from_config(config) if (
+            config.early_stopping.metric or config.rollback.max_rollbacks)
+          else ()),
         self.logged_values,
         # A search's trial only (ctl.sweep sets config.search).
         *(pruning.from_config(config, task_info.is_chief)
@@ -286,7 +289,8 @@ class Trainer:
         actions_lib.Call('worker-status', When(after_log=True),
                          self.status.report),
         self.evaluation,
-        *builtin_actions.profile_actions(self.config.profile, self.workdir),
+        *(builtin_actions.profile_actions(self.config.profile, self.workdir)
+          if self.config.profile.num_steps else ()),
         *(action for action in self.task_actions if action not in first),
     ]
 

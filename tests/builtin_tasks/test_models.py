@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ctl.builtin_tasks import models
+from ctl.builtin_tasks import classification
 
 
 @pytest.mark.parametrize('shape', [(3, 3, 1, 32), (21632, 128)],
@@ -16,7 +16,7 @@ def test_l2_is_keras_l2_with_the_same_gradient(shape):
                        dtype=tf.float32)
   values = {}
   for name, regularizer in (('keras', keras.regularizers.L2(1e-3)),
-                            ('ctl', models.L2(1e-3))):
+                            ('ctl', classification.L2(1e-3))):
     for jit_compile in (False, True):
       @tf.function(jit_compile=jit_compile)
       def penalty_and_gradient(regularizer=regularizer):
@@ -33,8 +33,8 @@ def test_l2_is_keras_l2_with_the_same_gradient(shape):
 
 def test_l2_saves_and_loads_with_the_model(tmp_path):
   model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
-      2, kernel_regularizer=models.L2(0.25))])
+      2, kernel_regularizer=classification.L2(0.25))])
   model.save(tmp_path / 'model.keras')
   loaded = keras.saving.load_model(tmp_path / 'model.keras')
   regularizer = loaded.layers[0].kernel_regularizer
-  assert isinstance(regularizer, models.L2) and regularizer.l2 == 0.25
+  assert isinstance(regularizer, classification.L2) and regularizer.l2 == 0.25

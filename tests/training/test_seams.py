@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 import ctl
-from ctl import builtin_tasks
+from ctl import task_hooks
 from ctl import config as config_lib
 from ctl.cluster import distribution
 from ctl.runtime import tf_internals
@@ -35,7 +35,7 @@ def _trainer(workdir, task_class=None, **fields):
       str(workdir)) as lock:
     yield trainer_lib.Trainer(
         config, str(workdir),
-        task_class=task_class or builtin_tasks.resolve(config.task),
+        task_class=task_class or task_hooks.resolve(config.task),
         job=job_lib.Job(strategy, task_info),
         process=job_lib.Process(stop_signal, lock, time.time()))
 
@@ -60,7 +60,7 @@ class _Steer(ctl.Action):
 
 def _steered(steer):
   """The digits task class, with `steer` among its actions."""
-  base = builtin_tasks.resolve(helpers.load_config('digits').task)
+  base = task_hooks.resolve(helpers.load_config('digits').task)
 
   class Steered(base):
     def actions(self):

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from ctl import errors
-from ctl import builtin_tasks
+from ctl import task_hooks
 from ctl.training import run
 import helpers
 import user_modules
@@ -71,7 +71,7 @@ def test_a_keras_models_own_train_step_runs_under_ctl(tmp_path):
 ])
 def test_a_task_that_cannot_run_is_a_config_error(task, message):
   with pytest.raises(errors.ConfigError, match=message):
-    builtin_tasks.resolve(task)
+    task_hooks.resolve(task)
 
 
 @pytest.mark.parametrize('task, message', [
