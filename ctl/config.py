@@ -226,7 +226,7 @@ def classification_config() -> ml_collections.ConfigDict:
   config.data.eval_fraction = 0.2
 
   config.model = ml_collections.ConfigDict()
-  # 'cnn', 'mlp', or 'package.module:function' (ctl/builtin_tasks/classification.py).
+  # 'cnn', 'mlp', or 'package.module:function' (builtin_tasks/classification.py).
   config.model.name = 'cnn'
   config.model.filters = 32  # cnn: filters of the 3x3 convolution.
   config.model.width = 128  # Units of each hidden dense layer.

@@ -59,7 +59,7 @@ class ExportAtEnd:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     self._config, self._workdir = config, workdir
 
-  def __call__(self, task_info: distribution.Role, finished_now: bool) -> None:
+  def __call__(self, role: distribution.Role, finished_now: bool) -> None:
     """Exports where this task should; finished_now: False when training
     had finished before this process."""
     config, workdir = self._config, self._workdir
@@ -71,11 +71,11 @@ class ExportAtEnd:
       return
     # With an evaluator task in the cluster, it exports, once it has
     # evaluated the last checkpoint: the best is known only then.
-    if task_info.task_type == 'evaluator' or (task_info.is_chief and
-                                              not task_info.has_evaluator):
+    if role.task_type == 'evaluator' or (role.is_chief and
+                                         not role.has_evaluator):
       mlflow_run.log_export(config, workdir,
                             _export().export_run(config, workdir))
-    elif not task_info.has_evaluator:
+    elif not role.has_evaluator:
       _export_beside_the_chief(config, workdir)
 
 

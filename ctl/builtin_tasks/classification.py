@@ -164,7 +164,8 @@ def build_optimizer(config: ml_collections.ConfigDict, total_steps: int,
   models) it is wrapped in a keras.optimizers.LossScaleOptimizer.
   """
   learning_rate = build_schedule(config, total_steps)
-  builder = config_checks.resolve_builder(config.name, _OPTIMIZERS, 'optimizer')
+  builder = config_checks.resolve_builder(config.name, _OPTIMIZERS,
+                                         'optimizer')
   optimizer = builder(config, learning_rate)
   if config.ema_momentum:
     # Read by the optimizer when it is built (in the task's build()).

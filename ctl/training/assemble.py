@@ -86,7 +86,7 @@ def paused(watchdog: watchdog_lib.Watchdog | None):
 
 def assemble(config: ml_collections.ConfigDict,
              strategy: tf.distribute.Strategy,
-             task_info: distribution.Role,
+             role: distribution.Role,
              task_class: type[task_lib.Task],
              watchdog: watchdog_lib.Watchdog | None = None) -> Assembled:
   """Creates the task, reads its training data's length, and builds it.
@@ -96,8 +96,7 @@ def assemble(config: ml_collections.ConfigDict,
   """
   keras.utils.set_random_seed(config.seed)
   state_lib.check_batch_sizes(config, strategy.num_replicas_in_sync)
-  context = inputs.input_context(strategy, task_info.worker_index,
-                                 task_info.num_workers)
+  context = inputs.input_context(strategy, role.worker_index, role.num_workers)
   task = task_class(config)
   with paused(watchdog):
     train_data = task.train_data(context)

@@ -41,7 +41,7 @@ PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
 
 
 def explain(error: Exception, *, workdir: str, task: task_lib.Task | None,
-            task_info: distribution.Role, timeout_seconds: float,
+            role: distribution.Role, timeout_seconds: float,
             jit_compile: str,
             workdir_lock: workdir_lib.Lock | None = None
             ) -> errors.CtlError | None:
@@ -52,7 +52,7 @@ def explain(error: Exception, *, workdir: str, task: task_lib.Task | None,
   if found is not None:
     return found
   if isinstance(error, PEER_ERRORS):
-    return None if task_info.num_workers == 1 else peer_failure(
+    return None if role.num_workers == 1 else peer_failure(
         error, workdir, timeout_seconds)
   if isinstance(error, (tf.errors.DataLossError,
                         tf.errors.InvalidArgumentError)):

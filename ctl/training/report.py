@@ -58,8 +58,9 @@ class Reporter(actions_lib.Action):
                writer: metric_writers.MetricWriter,
                speed: 'SpeedMeter',
                when: actions_lib.When, summary_when: actions_lib.When):
-    """Args as named; writer: the train summaries' (train_summaries); when: the report action's, summary_when: the
-    summaries' (a report writes them when both are due)."""
+    """Args as named; writer: the train summaries' (train_summaries);
+    when: the report action's, summary_when: the summaries' (a report
+    writes them when both are due)."""
     self.when = when
     self._length = length
     self._metrics = metrics
@@ -201,7 +202,8 @@ def seconds_since(start: float) -> float:
   return time.monotonic() - start
 
 
-def train_summaries(workdir: str, is_chief: bool) -> metric_writers.MetricWriter:
+def train_summaries(workdir: str,
+                    is_chief: bool) -> metric_writers.MetricWriter:
   """The train summaries: TensorBoard's train/ run on the chief."""
   if not is_chief:
     return metric_writers.NullWriter()

@@ -63,18 +63,18 @@ class Trainer:
     self.workdir = workdir
     self.job, self.process = job, process
     self.strategy = strategy = job.strategy
-    self.task_info = task_info = job.role
+    self.role = role = job.role
     self.workdir_lock = process.workdir_lock
     self.watchdog = job.watchdog
     self.status = job.status
-    assembled = assemble_lib.assemble(config, strategy, task_info, task_class,
+    assembled = assemble_lib.assemble(config, strategy, role, task_class,
                                       self.watchdog)
     self.task, self.state = assembled.task, assembled.state
     self.length, self.context = assembled.length, assembled.context
     self._build_input(assembled)
     self.checkpoint = self._training_checkpoint(assembled)
     self.logged_values = report.logged_values(
-        config, workdir, task_info.is_chief, self.task)
+        config, workdir, role.is_chief, self.task)
     self.task_actions = [
         # Early stopping, rollback: only where the config asks for them.
         *(builtin_actions.from_config(config) if (
@@ -82,14 +82,14 @@ class Trainer:
           else ()),
         self.logged_values,
         # A search's trial only (ctl.sweep sets config.search).
-        *(pruning.from_config(config, task_info.is_chief)
+        *(pruning.from_config(config, role.is_chief)
           if config.search.storage else ()),
         *self.task.actions()]
     # The report's state is saved beside theirs, under its own name.
     actions_lib.check_names([*self.task_actions, *self.logged_values.states,
                              report.Reporter])
-    if task_info.has_evaluator and any(action.when.after_eval
-                                       for action in self.task_actions):
+    if role.has_evaluator and any(action.when.after_eval
+                                  for action in self.task_actions):
       logging.warning('The cluster\'s evaluator task evaluates, so training '
                       'does not: actions after each evaluation (early '
                       'stopping) never run.')
@@ -125,18 +125,18 @@ class Trainer:
   ) -> checkpoint_manager.TrainingCheckpoint:
     """The run's checkpoint: the model's, the data positions, the actions'
     states; saved by its intervals, at the end and on request."""
-    config, task_info, workdir = self.config, self.task_info, self.workdir
+    config, role, workdir = self.config, self.role, self.workdir
     intervals = config.intervals
     # In-memory data has none: the step is its position.
     positions = data_positions.DataPositions(
         self.train_input.checkpointable,
         workdir_lib.data_position_dir(workdir),
         max_to_keep=intervals.keep_checkpoints,
-        pipeline=task_info.worker_index, num_pipelines=task_info.num_workers
+        pipeline=role.worker_index, num_pipelines=role.num_workers
     ) if self.train_input.checkpointable else None
     model = checkpoint_manager.Checkpointer(
         assembled.checkpoint(), workdir_lib.checkpoint_dir(workdir),
-        is_chief=task_info.is_chief, task_id=task_info.task_id,
+        is_chief=role.is_chief, task_id=role.task_id,
         max_to_keep=intervals.keep_checkpoints,
         async_save=intervals.async_checkpoint, data=positions)
     return checkpoint_manager.TrainingCheckpoint(
@@ -166,11 +166,11 @@ class Trainer:
     elif self.config.init_from:
       checkpoint_contents.warm_start(self.task, self.config.init_from,
                                      self.config.init_select)
-    if self.task_info.num_workers > 1:
+    if self.role.num_workers > 1:
       state_lib.check_workers_agree(self.strategy, self.state)
     state_lib.note_partitions(self.state, self.train_input.partitions,
                               workdir_lib.checkpoint_dir(self.workdir))
-    state_lib.note_workers(self.state, self.task_info.num_workers,
+    state_lib.note_workers(self.state, self.role.num_workers,
                            self.train_input.kind)
     step = int(self.state.step.numpy())
     results = workdir_lib.read_results(self.workdir)
@@ -184,7 +184,7 @@ class Trainer:
       return results
     if self.config.accumulate_steps > 1:
       self._check_step_accumulates(step)
-    if self.task_info.is_chief:
+    if self.role.is_chief:
       workdir_lib.prepare(self.workdir)
       self.workdir_lock.acquire()  # A workdir that did not exist before.
       workdir_lib.remove_leftovers(self.workdir)
@@ -226,7 +226,7 @@ class Trainer:
     self.status.start(step=step, total_steps=self.length.total_steps,
                       steps_per_epoch=self.length.steps_per_epoch,
                       num_epochs=self.length.num_epochs)
-    writer = report.train_summaries(self.workdir, self.task_info.is_chief)
+    writer = report.train_summaries(self.workdir, self.role.is_chief)
     try:
       if self._stopped or step >= self.length.total_steps:
         return self._stopped
@@ -268,7 +268,7 @@ class Trainer:
     loops = self.loop.plan(step)
     step_writer = tensorboard.step_summary_writer(
         workdir_lib.summary_dir(self.workdir, 'train'),
-        self.task_info.is_chief)
+        self.role.is_chief)
     try:
       with step_writer.as_default():
         return self.loop.run(self.train_input.make_iterator(loops), loops)
@@ -340,8 +340,8 @@ class Trainer:
     # Every worker logs the fingerprint so that a multi-worker job can be
     # checked for replicas that drifted apart.
     logging.info('Final weights sha256 %s (task %s)', results['weights_sha256'],
-                 self.task_info.name)
-    if self.task_info.is_chief:
+                 self.role.name)
+    if self.role.is_chief:
       storage.write_json(workdir_lib.results_path(self.workdir),
                              metric_writers.json_ready(results))
       logging.info('Results written to %s',

@@ -185,7 +185,7 @@ def test_the_xla_ceiling_is_what_ctl_compiles_by_default():
   for name, expected in (('mlp', 'loop'), ('cnn', 'step')):
     task = bw.build_task(bw.WORKLOADS[name])
     assert steps_lib.resolve_xla('auto', num_replicas=1, task=task,
-                       in_memory=True) == expected
+                                 in_memory=True) == expected
 
 
 def test_targets_say_whether_they_are_met():

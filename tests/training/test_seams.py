@@ -30,13 +30,13 @@ def _trainer(workdir, task_class=None, **fields):
   config = helpers.digits(1, **fields)
   config_lib.validate(config)
   tf_internals.apply_fixes()
-  strategy, task_info = distribution.build_strategy(config.distribution)
+  strategy, role = distribution.build_strategy(config.distribution)
   with tf_process.StopSignal() as stop_signal, workdir_lib.Lock(
       str(workdir)) as lock:
     yield trainer_lib.Trainer(
         config, str(workdir),
         task_class=task_class or task_hooks.resolve(config.task),
-        job=job_lib.Job(strategy, task_info),
+        job=job_lib.Job(strategy, role),
         process=job_lib.Process(stop_signal, lock, time.time()))
 
 

@@ -37,13 +37,13 @@ def test_resolve_jit_compile(setting, num_replicas, in_memory, layers,
                              expected):
   # Nested models count: their convolutions are found too.
   model = keras.Sequential([keras.Input((8, 8, 1)), _model(*layers)])
-  assert steps.resolve_xla(setting, num_replicas=num_replicas, task=_Task(model),
-                     in_memory=in_memory) == expected
+  assert steps.resolve_xla(setting, num_replicas=num_replicas,
+                           task=_Task(model), in_memory=in_memory) == expected
 
 
 def test_auto_leaves_a_users_own_steps_alone():
   assert steps.resolve_xla('auto', num_replicas=1, in_memory=True,
-                     task=_Task(_model(), auto_xla=False)) == 'off'
+                           task=_Task(_model(), auto_xla=False)) == 'off'
 
 
 @pytest.mark.parametrize('setting, num_replicas, in_memory, message', [
@@ -54,8 +54,8 @@ def test_auto_leaves_a_users_own_steps_alone():
 def test_impossible_choices_are_config_errors(setting, num_replicas,
                                               in_memory, message):
   with pytest.raises(errors.ConfigError, match=message):
-    steps.resolve_xla(setting, num_replicas=num_replicas, task=_Task(_model()),
-                in_memory=in_memory)
+    steps.resolve_xla(setting, num_replicas=num_replicas,
+                      task=_Task(_model()), in_memory=in_memory)
 
 
 def _digits(num_epochs, **fields):
