@@ -91,5 +91,5 @@ def restore(config: ml_collections.ConfigDict, path: str,
   assembled = assemble_lib.assemble_locally(
       config, strategy or distribution.local_strategy(config.distribution))
   assembled.restore(path)
-  return LoadedRun(config, assembled.task, int(assembled.state.step.numpy()),
-                   path)
+  return LoadedRun(config, assembled.task,
+                   int(assembled.train_state.step.numpy()), path)

@@ -42,7 +42,7 @@ class Assembled:
   """A built task, its training state and what it was built from."""
 
   task: task_lib.Task
-  state: state_lib.TrainState
+  train_state: state_lib.TrainState
   length: state_lib.TrainingLength
   context: tf.distribute.InputContext
   train_data: task_lib.Data
@@ -52,8 +52,8 @@ class Assembled:
   def checkpoint(self) -> tf.train.Checkpoint:
     """What training checkpoints: the task, the step counters and the
     actions' states."""
-    return checkpoint_contents.checkpoint_of(self.task, self.state,
-                                   actions=self.action_states.variable)
+    return checkpoint_contents.checkpoint_of(
+        self.task, self.train_state, actions=self.action_states.variable)
 
   def restore(self, path: str) -> None:
     """Reads a training checkpoint's task and step, for evaluation or export.
@@ -68,9 +68,11 @@ class Assembled:
     try:
       # Without the actions' states: evaluation and export do not need
       # them (and a checkpoint of an earlier ctl has none).
-      checkpoint = checkpoint_contents.checkpoint_of(self.task, self.state)
-      status = checkpoint_contents.readable_part(checkpoint, path).read(path)
-      status.expect_partial().assert_existing_objects_matched()
+      checkpoint = checkpoint_contents.checkpoint_of(self.task,
+                                                     self.train_state)
+      load_status = checkpoint_contents.readable_part(checkpoint,
+                                                      path).read(path)
+      load_status.expect_partial().assert_existing_objects_matched()
     except Exception as error:  # pylint: disable=broad-except
       raise errors.CtlError(
           f'Checkpoint {path} does not match the task of this config, or '

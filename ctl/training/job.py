@@ -8,14 +8,14 @@ import tensorflow as tf
 
 from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
-from ctl.cluster import worker_status
+from ctl.cluster import worker_status as worker_status_lib
 from ctl.runtime import tf_process
 from ctl.runtime import workdir as workdir_lib
 
 
-def _no_status() -> worker_status.WorkerStatus:
+def _no_status() -> worker_status_lib.WorkerStatus:
   """A status that writes no file."""
-  return worker_status.WorkerStatus(None)
+  return worker_status_lib.WorkerStatus(None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,14 +28,14 @@ class Job:
     watchdog: bounds each wait for a peer (ctl/cluster/watchdog.py): told
       of each step, loop, action and evaluation batch; None (the default)
       for one worker, which waits on no peer.
-    status: this worker's status file (ctl/cluster/worker_status.py); by
-      default none.
+    worker_status: this worker's status file (ctl/cluster/worker_status.py);
+      by default none.
   """
 
   strategy: tf.distribute.Strategy
   role: distribution.Role
   watchdog: watchdog_lib.Watchdog | None = None
-  status: worker_status.WorkerStatus = dataclasses.field(
+  worker_status: worker_status_lib.WorkerStatus = dataclasses.field(
       default_factory=_no_status)
 
 

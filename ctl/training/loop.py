@@ -81,7 +81,7 @@ class Wiring:
     task: the ctl.Task (handed to the actions in each Event).
     workdir: the run's workdir.
     job: the strategy, this worker's role, its watchdog (told of each loop
-      and action) and status (times each loop and action).
+      and action) and worker status (times each loop and action).
     process: SIGTERM's request to stop; when the process started.
     speed: times the loops.
   """
@@ -178,7 +178,7 @@ class TrainLoop:
     requests = self._int32_tensor((self._wiring.process.stop_signal.requested,
                                    *self._schedule.clocks_due()))
     self._wiring.speed.start()
-    with self._wiring.job.status.phase('training', step):
+    with self._wiring.job.worker_status.phase('training', step):
       outputs = self._runner.train_loop(
           iterator, self._int32_tensor(num_steps), requests,
           read_metrics=self._schedule.report_due_at(step))
@@ -259,7 +259,7 @@ class TrainLoop:
     (one small all-reduce): every worker knows which actions are due, so
     every worker takes part.
     """
-    status = self._wiring.job.status
+    status = self._wiring.job.worker_status
     if action.on_every_worker or self._role.num_workers == 1:
       with status.phase(action.name):
         return action.run(event)

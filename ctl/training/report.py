@@ -238,12 +238,12 @@ class LoggedValues(actions_lib.Action):
   on_every_worker = True
 
   def __init__(self, writer: metric_writers.MetricWriter,
-               states: Sequence = (), mlflow=None):
-    """Args: writer: where the values go; states: its sinks whose state
+               stateful_sinks: Sequence = (), mlflow=None):
+    """Args: writer: where the values go; stateful_sinks: its sinks whose state
     the checkpoint keeps (each with a name, state(), restore()); mlflow:
     its MlflowWriter, if any (send_left_over)."""
     self.writer = writer
-    self.states = list(states)
+    self.stateful_sinks = list(stateful_sinks)
     self._mlflow = mlflow
     self._written = (-1, -1)  # The steps of the latest train and eval writes.
     self._closed = False

@@ -66,19 +66,18 @@ class Trainer:
     self.role = role = job.role
     self.workdir_lock = process.workdir_lock
     self.watchdog = job.watchdog
-    self.status = job.status
+    self.worker_status = job.worker_status
     assembled = assemble_lib.assemble(config, strategy, role, task_class,
                                       self.watchdog)
-    self.task, self.state = assembled.task, assembled.state
+    self.task, self.train_state = assembled.task, assembled.train_state
     self.length, self.context = assembled.length, assembled.context
     self._build_input(assembled)
     self.checkpoint = self._training_checkpoint(assembled)
     self.logged_values = report.logged_values(
         config, workdir, role.is_chief, self.task)
     self.task_actions = [
-        # Early stopping, rollback: only where the config asks for them.
-        *(builtin_actions.from_config(config) if (
-            config.early_stopping.metric or config.rollback.max_rollbacks)
+        *(builtin_actions.from_config(config)  # Where a config asks for one.
+          if config.early_stopping.metric or config.rollback.max_rollbacks
           else ()),
         self.logged_values,
         # A search's trial only (ctl.sweep sets config.search).
@@ -86,14 +85,14 @@ class Trainer:
           if config.search.storage else ()),
         *self.task.actions()]
     # The report's state is saved beside theirs, under its own name.
-    actions_lib.check_names([*self.task_actions, *self.logged_values.states,
-                             report.Reporter])
+    stateful = [*self.task_actions, *self.logged_values.stateful_sinks]
+    actions_lib.check_names([*stateful, report.Reporter])
     if role.has_evaluator and any(action.when.after_eval
                                   for action in self.task_actions):
       logging.warning('The cluster\'s evaluator task evaluates, so training '
                       'does not: actions after each evaluation (early '
                       'stopping) never run.')
-    self.checkpoint.track([*self.task_actions, *self.logged_values.states])
+    self.checkpoint.track(stateful)
     self.speed = report.SpeedMeter()
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
@@ -141,7 +140,7 @@ class Trainer:
         async_save=intervals.async_checkpoint, data=positions)
     return checkpoint_manager.TrainingCheckpoint(
         model, positions, assembled.action_states, task=self.task,
-        state=self.state,
+        state=self.train_state,
         when=When(steps=intervals.checkpoint_steps,
                   epochs=intervals.checkpoint_epochs,
                   secs=intervals.checkpoint_secs, at_end=True,
@@ -167,12 +166,12 @@ class Trainer:
       checkpoint_contents.warm_start(self.task, self.config.init_from,
                                      self.config.init_select)
     if self.role.num_workers > 1:
-      state_lib.check_workers_agree(self.strategy, self.state)
-    state_lib.note_partitions(self.state, self.train_input.partitions,
+      state_lib.check_workers_agree(self.strategy, self.train_state)
+    state_lib.note_partitions(self.train_state, self.train_input.partitions,
                               workdir_lib.checkpoint_dir(self.workdir))
-    state_lib.note_workers(self.state, self.role.num_workers,
+    state_lib.note_workers(self.train_state, self.role.num_workers,
                            self.train_input.kind)
-    step = int(self.state.step.numpy())
+    step = int(self.train_state.step.numpy())
     results = workdir_lib.read_results(self.workdir)
     # An action's stop is in the checkpoint it saved (self._stopped).
     if results is not None and (step >= self.length.total_steps or
@@ -213,8 +212,9 @@ class Trainer:
         autograph=config.autograph, accumulate_steps=config.accumulate_steps)
     return steps_lib.StepRunner(
         strategy=self.strategy, task=self.task, train_input=self.train_input,
-        state=self.state, options=options, train_metrics=train_metrics,
-        steps_done=self.watchdog.steps if self.watchdog else None, input_wait=self.status.input_wait)
+        state=self.train_state, options=options, train_metrics=train_metrics,
+        steps_done=self.watchdog.steps if self.watchdog else None,
+        input_wait=self.worker_status.input_wait)
 
   def train(self) -> loop_lib.Stopped | None:
     """Trains to the last step, or until an action stops training.
@@ -222,10 +222,10 @@ class Trainer:
     Raises:
       Preempted: after a checkpoint, when some worker received SIGTERM.
     """
-    step = int(self.state.step.numpy())
-    self.status.start(step=step, total_steps=self.length.total_steps,
-                      steps_per_epoch=self.length.steps_per_epoch,
-                      num_epochs=self.length.num_epochs)
+    step = int(self.train_state.step.numpy())
+    self.worker_status.start(step=step, total_steps=self.length.total_steps,
+                             steps_per_epoch=self.length.steps_per_epoch,
+                             num_epochs=self.length.num_epochs)
     writer = report.train_summaries(self.workdir, self.role.is_chief)
     try:
       if self._stopped or step >= self.length.total_steps:
@@ -287,7 +287,7 @@ class Trainer:
         *first,
         reporter,
         actions_lib.Call('worker-status', When(after_log=True),
-                         self.status.report),
+                         self.worker_status.report),
         self.evaluation,
         *(builtin_actions.profile_actions(self.config.profile, self.workdir)
           if self.config.profile.num_steps else ()),
@@ -322,11 +322,11 @@ class Trainer:
     timing; in results.json (the chief)."""
     try:
       if self.evaluation.last is None:
-        self.evaluation.evaluate(int(self.state.step.numpy()))
+        self.evaluation.evaluate(int(self.train_state.step.numpy()))
     finally:
       self._close()
     results = {
-        **self.state.as_dict(),
+        **self.train_state.as_dict(),
         'eval': self.evaluation.last or {},
         'weights_sha256': state_lib.weights_fingerprint(self.task),
         # Of this process only: a resumed run's earlier ones are not in it.
