@@ -11,6 +11,7 @@ from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
 from ctl.runtime import preemption
 from ctl.runtime import workdir as workdir_lib
+from ctl.training import speed as speed_lib
 
 
 def _no_status() -> worker_status.WorkerStatus:
@@ -46,9 +47,10 @@ class Process:
   Attributes:
     stop_signal: SIGTERM's request to stop (ctl/runtime/preemption.py).
     workdir_lock: the workdir's lock, taken when the chief first writes.
-    started: when the process started (speed.process_start_time).
+    start_up: the run's start-up, phase by phase (speed.StartUp): from the
+      process's start, or the run's own in a warm process (ctl/warm.py).
   """
 
   stop_signal: preemption.StopSignal
   workdir_lock: workdir_lib.Lock
-  started: float
+  start_up: speed_lib.StartUp

@@ -71,6 +71,49 @@ class SpeedMeter:
 _INTERPRETER_START_SECONDS = 10.0
 
 
+class StartUp:
+  """A run's start-up, phase by phase, up to its first loop's end.
+
+  Each phase ends when `end` is first called with its name and lasts from
+  the end of the phase before (or the run's start): the phases' seconds add
+  up to timing.first_step_seconds of results.json.
+  """
+
+  def __init__(self, started: float):
+    """started: time.monotonic() when the run started: its process's start,
+    or its own in a process that ran others before (ctl/warm.py)."""
+    self.started = started
+    self._ends = {}  # {phase: time.monotonic() when it ended}, in order.
+
+  def end(self, phase: str, when: float | None = None) -> None:
+    """Ends `phase` now (or at `when`); a phase ends once."""
+    self._ends.setdefault(phase, time.monotonic() if when is None else when)
+
+  def seconds(self) -> dict[str, float]:
+    """Each phase ended so far: its seconds."""
+    seconds, before = {}, self.started
+    for phase, end in self._ends.items():
+      seconds[phase] = max(0.0, end - before)
+      before = max(before, end)
+    return seconds
+
+
+def process_start_up() -> StartUp:
+  """The start-up of a run that started with its process: Python's own
+  start-up ended when ctl was imported."""
+  start_up = StartUp(process_start_time())
+  start_up.end('python', max(ctl.IMPORT_TIME, start_up.started))
+  return start_up
+
+
+def run_start_up() -> StartUp:
+  """The start-up of a run that starts now, in a process that has Python
+  (and maybe more) started: only what it still imports is counted."""
+  start_up = StartUp(time.monotonic())
+  start_up.end('python', start_up.started)
+  return start_up
+
+
 def process_start_time() -> float:
   """time.monotonic() when this program started.
 
@@ -98,6 +141,3 @@ def _process_start_time() -> float:
   except (OSError, ValueError, IndexError):
     return time.monotonic()
 
-
-def seconds_since(start: float) -> float:
-  return time.monotonic() - start

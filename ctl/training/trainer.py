@@ -323,9 +323,12 @@ class Trainer:
         **self.state.as_dict(),
         'eval': self.evaluation.last or {},
         'weights_sha256': state_lib.weights_fingerprint(self.task),
-        # Of this process only: a resumed run's earlier ones are not in it.
+        # Of this run only: a resumed run's earlier ones are not in it.
         'timing': {
             'first_step_seconds': self.loop.first_step_seconds,
+            'start_up_seconds': (self.process.start_up.seconds()
+                                 if self.loop.first_step_seconds is not None
+                                 else None),
             'steps_per_second': self.speed.steady_steps_per_second(),
         } if self.loop else {},
     }

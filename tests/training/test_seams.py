@@ -7,7 +7,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from ctl.runtime import preemption
 from ctl.runtime import tf_internals
 from ctl.runtime import workdir as workdir_lib
 from ctl.training import job as job_lib
+from ctl.training import speed as speed_lib
 from ctl.training import trainer as trainer_lib
 import helpers
 
@@ -37,7 +37,8 @@ def _trainer(workdir, task_class=None, **fields):
         config, str(workdir),
         task_class=task_class or builtin_tasks.resolve(config.task),
         job=job_lib.Job(strategy, task_info),
-        process=job_lib.Process(stop_signal, lock, time.time()))
+        process=job_lib.Process(stop_signal, lock,
+                                speed_lib.run_start_up()))
 
 
 class _Steer(ctl.Action):
