@@ -47,8 +47,8 @@ def trace(contender: str, workload: str, steps: int) -> dict:
   # Both report after each loop of 100 steps (ctl: its speed meter's stop;
   # compute: its progress's clock): the trace spans whole loops.
   if contender == 'ctl':
-    from ctl.training import speed  # pylint: disable=g-import-not-at-top
-    clock_owner, clock_name = speed.SpeedMeter, 'stop'
+    from ctl.training import report  # pylint: disable=g-import-not-at-top
+    clock_owner, clock_name = report.SpeedMeter, 'stop'
     train = workloads.ctl_progress(workload, total_steps)
   else:
     clock_owner, clock_name = workloads.time, 'time'

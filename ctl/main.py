@@ -55,8 +55,13 @@ _VERSION = flags.DEFINE_bool(
 flags.mark_flag_as_required('config')
 
 
-def main(argv: list[str]) -> int:
-  """Runs the command whose flags are parsed; returns its exit code."""
+def main(argv: list[str], start_up: tf_process.StartUp | None = None) -> int:
+  """Runs the command whose flags are parsed; returns its exit code.
+
+  start_up: the run's, from its start (default: the process's): timed up to
+  the first loop for results.json.
+  """
+  start_up = start_up or tf_process.process_start_up()
   if len(argv) > 1:
     return _usage_error(f'Unexpected arguments: {" ".join(argv[1:])}')
   if _PRINT_CONFIG.value:
@@ -68,16 +73,20 @@ def main(argv: list[str]) -> int:
   logging.get_absl_handler().addFilter(_drop_tensorflow_info)
   log_line.install()
   tf_process.remove_autograph_bytecode_at_exit()
+  start_up.end('flags')
   tf_process.import_tensorflow()
+  start_up.end('tensorflow')
   # Imported here so that flag errors are reported before TensorFlow loads.
   from ctl import modes  # pylint: disable=g-import-not-at-top
   from ctl import storage  # pylint: disable=g-import-not-at-top
   from ctl.runtime import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  start_up.end('ctl')
   storage.configure_remote_caches()
   # Those of ctl processes that were killed.
   workdir_lib.remove_scratch_leftovers()
   try:
-    modes.run(_MODE.value, _CONFIG.value, _WORKDIR.value, _CHECKPOINT.value)
+    modes.run(_MODE.value, _CONFIG.value, _WORKDIR.value, _CHECKPOINT.value,
+              start_up=start_up)
   except KeyboardInterrupt:
     # Ctrl-C before training took it over (tf_process.StopSignal): nothing
     # was trained, so nothing needed saving.
@@ -108,6 +117,7 @@ def run_in_process(argv: list[str],
   Returns:
     The exit code `python -m ctl.main argv` would exit with.
   """
+  start_up = tf_process.run_start_up()  # Its timing is its own, not the process's.
   _forget_flags()
   sys.argv = list(argv)  # Where ml_collections reads --config.* overrides.
   try:
@@ -117,7 +127,7 @@ def run_in_process(argv: list[str],
     refusal = check(_CONFIG.value) if check else None
     if refusal:
       raise RunRefused(refusal)
-    return main(remaining)
+    return main(remaining, start_up)
   except SystemExit as exit_:
     return exit_.code if isinstance(exit_.code, int) else 1
 

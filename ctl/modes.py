@@ -20,14 +20,19 @@ from ctl import config as config_lib
 from ctl import errors
 
 from ctl.cluster import distribution
-from ctl.training import checkpoint_evaluation
 from ctl.metric_writers import mlflow_run
+from ctl.runtime import tf_process
+from ctl.training import checkpoint_evaluation
 from ctl.training import run as run_lib
 
 
 def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
-        checkpoint: str = '') -> dict:
-  """Runs `mode`; returns its results (see each mode's function)."""
+        checkpoint: str = '',
+        start_up: tf_process.StartUp | None = None) -> dict:
+  """Runs `mode`; returns its results (see each mode's function).
+
+  start_up: training's start-up so far (default: since the process started).
+  """
   config_lib.check_utf8('--workdir', workdir)
   config_lib.check_utf8('--checkpoint', checkpoint)
   if mode == 'evaluate':
@@ -41,7 +46,8 @@ def run(mode: str, config: ml_collections.ConfigDict, workdir: str,
     return {'export': _export().export_run(config, workdir,
                                              checkpoint=checkpoint or 'best')}
   return run_lib.train_and_evaluate(config, workdir,
-                                    on_finish=ExportAtEnd(config, workdir))
+                                    on_finish=ExportAtEnd(config, workdir),
+                                    start_up=start_up)
 
 
 def _export():

@@ -10,8 +10,9 @@ files, ended fast.
   deletes it at exit, but not the bytecode Python cached beside it
   (`$TMPDIR/__pycache__/__autograph_generated_file*.pyc`), which piled up on
   every run. `remove_autograph_bytecode_at_exit` deletes the orphans.
-- `process_start_time`: when the program started, for the start-up time
-  the log reports.
+- `process_start_time`: when the program started; `StartUp`: a run's
+  start-up phase by phase from then (or from the run's own start in a warm
+  process), for the start-up time the log and results.json report.
 - `exit_now` skips TensorFlow's shutdown, which takes seconds under
   MultiWorkerMirroredStrategy (4 to 11 measured, more when a peer is gone),
   time a preemption's grace period cannot spare.
@@ -177,6 +178,49 @@ def _process_start_time() -> float:
     return time.monotonic() - age
   except (OSError, ValueError, IndexError):
     return time.monotonic()
+
+
+class StartUp:
+  """A run's start-up, phase by phase, up to its first loop's end.
+
+  Each phase ends when `end` is first called with its name and lasts from
+  the end of the phase before (or the run's start): the phases' seconds add
+  up to timing.first_step_seconds of results.json.
+  """
+
+  def __init__(self, started: float):
+    """started: time.monotonic() when the run started: its process's start,
+    or its own in a process that ran others before (ctl/warm.py)."""
+    self.started = started
+    self._ends = {}  # {phase: time.monotonic() when it ended}, in order.
+
+  def end(self, phase: str, when: float | None = None) -> None:
+    """Ends `phase` now (or at `when`); a phase ends once."""
+    self._ends.setdefault(phase, time.monotonic() if when is None else when)
+
+  def seconds(self) -> dict[str, float]:
+    """Each phase ended so far: its seconds."""
+    seconds, before = {}, self.started
+    for phase, end in self._ends.items():
+      seconds[phase] = max(0.0, end - before)
+      before = max(before, end)
+    return seconds
+
+
+def process_start_up() -> StartUp:
+  """The start-up of a run that started with its process: Python's own
+  start-up ended when ctl was imported."""
+  start_up = StartUp(process_start_time())
+  start_up.end('python', max(ctl.IMPORT_TIME, start_up.started))
+  return start_up
+
+
+def run_start_up() -> StartUp:
+  """The start-up of a run that starts now, in a process that has Python
+  (and maybe more) started: only what it still imports is counted."""
+  start_up = StartUp(time.monotonic())
+  start_up.end('python', start_up.started)
+  return start_up
 
 
 # The code of a process stopped by a second Ctrl-C, as a shell reports one

@@ -46,9 +46,10 @@ class Process:
   Attributes:
     stop_signal: SIGTERM's request to stop (ctl/runtime/tf_process.py).
     workdir_lock: the workdir's lock, taken when the chief first writes.
-    started: when the process started (tf_process.process_start_time).
+    start_up: the run's start-up, phase by phase (tf_process.StartUp): from the
+      process's start, or the run's own in a warm process (ctl/warm.py).
   """
 
   stop_signal: tf_process.StopSignal
   workdir_lock: workdir_lib.Lock
-  started: float
+  start_up: tf_process.StartUp

@@ -82,7 +82,8 @@ class Wiring:
     workdir: the run's workdir.
     job: the strategy, this worker's role, its watchdog (told of each loop
       and action) and worker status (times each loop and action).
-    process: SIGTERM's request to stop; when the process started.
+    process: SIGTERM's request to stop; the run's start-up, timed to the
+      end of its first loop.
     speed: times the loops.
   """
 
@@ -148,6 +149,7 @@ class TrainLoop:
         before).
     """
     self._log_start(loops.start)
+    self._wiring.process.start_up.end('building')
     for first_step, step in loops:
       trained = self._train(iterator, first_step, step)
       event = self._event(first_step, step, trained.logs)
@@ -198,13 +200,25 @@ class TrainLoop:
     """Times the loop; logs when the process's first loop is done."""
     if not self._wiring.speed.stop(step - first_step):
       return
-    self.first_step_seconds = report_lib.seconds_since(
-        self._wiring.process.started)
+    start_up = self._wiring.process.start_up
+    start_up.end('first_loop')
+    self.first_step_seconds = sum(start_up.seconds().values())
     # A resumed run's first loop is as long as an uninterrupted run's.
-    logging.info('%s done %.1f s after the process started',
+    logging.info('%s done %.1f s after the run started',
                  'First step' if step - first_step == 1 else
                  f'First loop (steps {first_step + 1}..{step})',
                  self.first_step_seconds)
+
+  def timing(self) -> dict[str, Any]:
+    """This run's start-up and steady speed, for results.json (a resumed
+    run's earlier runs are not in it)."""
+    started = self.first_step_seconds is not None
+    return {
+        'first_step_seconds': self.first_step_seconds,
+        'start_up_seconds': (self._wiring.process.start_up.seconds()
+                             if started else None),
+        'steps_per_second': self._wiring.speed.steady_steps_per_second(),
+    }
 
   def _int32_tensor(self, value: int | tuple[bool, ...]) -> tf.Tensor:
     """value as an int32 tensor, made once: a loop's arguments take few

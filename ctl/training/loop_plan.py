@@ -104,9 +104,13 @@ class LoopPlan:
                                     self._one_off_after_in_graph))
       return end, tf.stack([step, end])
 
+    # Plain tensor code: AutoGraph's conversion of these two functions was
+    # most of the time a fresh run takes to build its input pipeline.
     return tf.data.Dataset.from_tensors(0).repeat().scan(
-        tf.constant(self.start, tf.int64), next_loop).take_while(
-            lambda bounds: bounds[0] < self.total_steps)
+        tf.constant(self.start, tf.int64),
+        tf.autograph.experimental.do_not_convert(next_loop)).take_while(
+            tf.autograph.experimental.do_not_convert(
+                lambda bounds: bounds[0] < self.total_steps))
 
 
 def _tensor_min(*values) -> tf.Tensor:

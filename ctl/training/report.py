@@ -197,11 +197,6 @@ class SpeedMeter:
     return pace * (total_steps - step)
 
 
-def seconds_since(start: float) -> float:
-  """Seconds since `start`, a time.monotonic()."""
-  return time.monotonic() - start
-
-
 def train_summaries(workdir: str,
                     is_chief: bool) -> metric_writers.MetricWriter:
   """The train summaries: TensorBoard's train/ run on the chief."""

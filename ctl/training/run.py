@@ -34,8 +34,8 @@ from ctl.training import trainer as trainer_lib
 
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str,
-    on_finish: Callable[[distribution.Role, bool], None] | None = None
-) -> dict:
+    on_finish: Callable[[distribution.Role, bool], None] | None = None,
+    start_up: tf_process.StartUp | None = None) -> dict:
   """Trains and evaluates config's task, resuming from workdir's checkpoint.
 
   The evaluator task of a cluster evaluates the chief's checkpoints instead
@@ -48,6 +48,7 @@ def train_and_evaluate(
       and whether training has just finished (False: it had finished
       before), before the workers leave together; or on the evaluator once
       it evaluated the final checkpoint.
+    start_up: its start-up so far (default: from the process's start).
 
   Returns:
     The results: final step, epoch and evaluation metrics, as saved in
@@ -60,7 +61,7 @@ def train_and_evaluate(
     CtlError: the data, the workdir, the task or a checkpoint is unusable,
       or the loss diverged; no checkpoint or result was overwritten.
   """
-  started = tf_process.process_start_time()
+  start_up = start_up or tf_process.process_start_up()
   task_class, strategy, role = _set_up(config)
   if role.task_type == 'evaluator':
     return _evaluate_as_side_car(config, workdir, strategy, role,
@@ -77,7 +78,7 @@ def train_and_evaluate(
         trainer = trainer_lib.Trainer(
             config, workdir, task_class=task_class,
             job=job_lib.Job(strategy, role, watchdog, status),
-            process=job_lib.Process(stop_signal, workdir_lock, started))
+            process=job_lib.Process(stop_signal, workdir_lock, start_up))
         results, finished_now = trainer.run()
       if on_finish:
         on_finish(role, finished_now)

@@ -329,11 +329,7 @@ class Trainer:
         **self.train_state.as_dict(),
         'eval': self.evaluation.last or {},
         'weights_sha256': state_lib.weights_fingerprint(self.task),
-        # Of this process only: a resumed run's earlier ones are not in it.
-        'timing': {
-            'first_step_seconds': self.loop.first_step_seconds,
-            'steps_per_second': self.speed.steady_steps_per_second(),
-        } if self.loop else {},
+        'timing': self.loop.timing() if self.loop else {},
     }
     if outcome is not None:
       results['stopped'] = {'step': outcome.step, 'reason': outcome.reason}

@@ -203,6 +203,23 @@ def test_ratios_pair_the_measurements_of_each_repetition():
   assert ours.median / theirs.median == 1.5
 
 
+@pytest.mark.slow  # A fresh ctl run and a bare script, one each.
+def test_the_startup_section_splits_each_contender_s_first_step():
+  # pylint: disable=protected-access
+  ctl_run, bare_run = bench._ctl_first_step(), bench._bare_first_step()
+  print('ctl:', ctl_run, 'bare script:', bare_run)
+  for run in (ctl_run, bare_run):
+    assert run['total'] > 0
+    assert sum(seconds for phase, seconds in run.items()
+               if phase != 'total') == pytest.approx(run['total'], rel=1e-3)
+  # Every phase a row names was measured.
+  for _, ctl_phases, bare_phase in bench._START_UP_ROWS:
+    assert set(ctl_phases) <= set(ctl_run), ctl_phases
+    assert not bare_phase or bare_phase in bare_run, bare_phase
+  assert set(ctl_run) == {
+      phase for _, phases, _ in bench._START_UP_ROWS for phase in phases}
+
+
 def test_markdown_keeps_what_surrounds_the_generated_section(tmp_path):
   path = tmp_path / 'BENCHMARKS.md'
   path.write_text('# Head\n<!-- bench:begin -->\nold\n<!-- bench:end -->\n'

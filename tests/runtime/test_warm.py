@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from absl import logging
 import pytest
@@ -164,6 +165,35 @@ def test_warm_runs_after_one_that_changed_the_process_equal_fresh_ones(
   assert _sha256(tmp_path / 'warm_circle') == _sha256(tmp_path / 'fresh_circle')
   # The run's whole output is in its log, TensorFlow's C++ lines included.
   assert 'Final weights sha256' in (tmp_path / 'circle.log').read_text()
+
+
+def test_a_warm_run_s_start_up_is_timed_from_its_own_start(tmp_path):
+  # The second run's first step comes within the time from sending it to
+  # its answer; counted from the process's start (as before), it held the
+  # process's own start-up and the whole first run too.
+  digits = (f'--config={helpers.DIGITS}:smoke', *DIGITS,
+            '--config.total_steps=1')
+  process = warm_client.WarmProcess(env=helpers.env_with())
+  try:
+    first = process.run([*digits, f'--workdir={tmp_path / "first"}'],
+                        tmp_path / 'first.log')
+    sent = time.monotonic()
+    second = process.run([*digits, f'--workdir={tmp_path / "second"}'],
+                         tmp_path / 'second.log')
+    answered = time.monotonic()
+  finally:
+    assert process.close() == 0
+  assert first == second == {'exit_code': 0}, (
+      tmp_path / 'second.log').read_text()[-3000:]
+  timing = helpers.read_results(tmp_path / 'second')['timing']
+  print('timing of the second run:', timing, 'answered after',
+        answered - sent)
+  assert 0 < timing['first_step_seconds'] <= answered - sent
+  phases = timing['start_up_seconds']
+  assert list(phases) == sorted(['python', 'flags', 'tensorflow', 'ctl',
+                                 'building', 'first_loop'])
+  assert phases['python'] == 0  # Python had started before the run.
+  assert sum(phases.values()) == pytest.approx(timing['first_step_seconds'])
 
 
 def test_a_warm_process_refuses_what_needs_a_process_of_its_own(tmp_path):

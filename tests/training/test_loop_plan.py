@@ -3,11 +3,14 @@ a graph; When and Clock say when an action is due, by step count, once at
 given steps and by an injected clock."""
 
 import itertools
+import subprocess
+import sys
 
 import pytest
 
 from ctl import actions
 from ctl.training import loop_plan
+import helpers
 
 
 class FakeClock:
@@ -115,3 +118,22 @@ def test_a_long_plan_costs_what_a_short_one_does(steps_per_epoch, num_epochs):
   assert [tuple(bounds) for bounds in
           plan.as_dataset().take(3).as_numpy_iterator()] == [
               (0, 1), (1, 10), (10, 20)]
+
+
+def test_the_plan_s_pipeline_is_traced_without_autograph(tmp_path):
+  # AutoGraph writes each function it converts to a file in the temporary
+  # directory (deleted at exit); converting the plan's two functions was
+  # most of a fresh run's input-pipeline building. A process of its own:
+  # AutoGraph converts a function once per process.
+  script = (
+      'import glob, os, tempfile\n'
+      'from ctl.training import loop_plan\n'
+      'plan = loop_plan.LoopPlan(0, 30, 10, 4, (5,))\n'
+      'print(list(plan.as_dataset().as_numpy_iterator())[:2])\n'
+      'print("CONVERTED", glob.glob(os.path.join(tempfile.gettempdir(), '
+      '"__autograph_generated_file*.py")))\n')
+  run = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                       text=True, timeout=600,
+                       env=helpers.env_with(TMPDIR=str(tmp_path)))
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert 'CONVERTED []' in run.stdout, run.stdout

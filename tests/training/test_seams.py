@@ -7,7 +7,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -37,7 +36,7 @@ def _trainer(workdir, task_class=None, **fields):
         config, str(workdir),
         task_class=task_class or task_hooks.resolve(config.task),
         job=job_lib.Job(strategy, role),
-        process=job_lib.Process(stop_signal, lock, time.time()))
+        process=job_lib.Process(stop_signal, lock, tf_process.run_start_up()))
 
 
 class _Steer(ctl.Action):

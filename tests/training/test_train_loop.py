@@ -132,7 +132,7 @@ def _loop(actions, record, *, first=(), total_steps=12, steps_per_epoch=100,
       job=job_lib.Job(tf.distribute.get_strategy(),
                       distribution.Role(None, 0, 1, True)),
       process=job_lib.Process(stop_signal or tf_process.StopSignal(), None,
-                              time.monotonic()),
+                              tf_process.run_start_up()),
       speed=report_lib.SpeedMeter())
   runner = FakeRunner()
   return loop_lib.TrainLoop(runner, work, wiring, clock=clock), runner, saves
