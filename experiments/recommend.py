@@ -9,9 +9,10 @@ binary cross-entropy on the click, AUC and accuracy evaluated, and a serving
 signature that takes ids and returns the click's probability.
 
 The tables are only ever read through their layers (never `embeddings` as
-one variable), so a strategy that shards a table over several variables,
-as parameter servers do with a variable partitioner, trains, checkpoints
-and exports the same task.
+one variable): nothing here assumes one variable per table. Sharding them
+over parameter servers waits on Keras, though: Keras 3.15 cannot take the
+gradient of, checkpoint or export a layer whose variable TensorFlow sharded
+(BUILD.md, "Facts checked on this stack").
 """
 
 import keras
