@@ -18,7 +18,8 @@ import pytest
 
 import helpers
 
-EXAMPLES = ('regression', 'clip_ema', 'gan', 'text', 'mixed_precision')
+EXAMPLES = ('regression', 'clip_ema', 'gan', 'text', 'mixed_precision',
+            'recommend')
 
 
 def _train(name: str, workdir: pathlib.Path) -> dict:
