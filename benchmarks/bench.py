@@ -52,7 +52,9 @@ _SECTIONS = flags.DEFINE_list(
                  'elastic', 'checkpoints', 'startup', 'costs'],
     'What to measure: mlp, cnn, two_workers, user_task, tfrecord, elastic, '
     'checkpoints, startup, costs, and (not by default) levers_mlp, '
-    'levers_cnn, levers_two_workers: each speed option against the default.')
+    'levers_cnn, levers_two_workers: each speed option against the default, '
+    'and search: one search in ctl.sweep, plain Optuna and Keras Tuner '
+    '(benchmarks/search.py, about 20 minutes).')
 _MARKDOWN = flags.DEFINE_string(
     'markdown', None, 'Write the results into this file (BENCHMARKS.md), '
     'between its "<!-- bench:begin -->" and "<!-- bench:end -->" lines.')
@@ -720,6 +722,49 @@ def _costs() -> tuple[str, list[Target]]:
         f'{max(m.values):.3g} |' for m in measured.values())]), []
 
 
+def _search() -> tuple[str, list[Target]]:
+  """One search in each tool (benchmarks/search.py), against issue 50's
+  targets: ctl's whole search (the better of --parallel=1 and 2) at most
+  1.2x plain Optuna's, its time to 0.99 at most Keras Tuner Bayesian's."""
+  from benchmarks import search  # pylint: disable=g-import-not-at-top
+  summaries = search.run_all()
+  ctl = [summaries[name] for name in search.CONTENDERS if 'ctl' in name]
+  optuna = summaries['plain Optuna, trials in one process']
+  bayesian = summaries['Keras Tuner, BayesianOptimization']
+  text = '\n'.join([
+      f'### A search: {search.TRIALS} trials of up to {search.EPOCHS} epochs '
+      'of the digits CNN, TPE and the median pruner', '',
+      search.table(summaries), '', _search_timings(summaries)])
+  targets = [Target('search: ctl.sweep\'s whole search (best of --parallel=1 '
+                    'and 2) / plain Optuna\'s',
+                    min(row['wall'] for row in ctl) / optuna['wall'], 1.2,
+                    at_most=True)]
+  if 'skipped' not in bayesian:
+    reached = [row['to_0.99'] for row in ctl if row['to_0.99'] is not None]
+    targets.append(Target(
+        'search: ctl.sweep\'s seconds to 0.99 (best of --parallel=1 and 2) '
+        '/ Keras Tuner Bayesian\'s',
+        min(reached, default=float('inf')) /
+        (bayesian['to_0.99'] or float('inf')), 1.0, at_most=True))
+  return text, targets
+
+
+def _search_timings(summaries: dict[str, dict]) -> str:
+  """Where ctl's trials spent their time: the medians of their wall seconds
+  and of their seconds from the trial's start to its first step."""
+  lines = []
+  for name, row in summaries.items():
+    timings = row.get('timings') or []
+    first = [t['first_step_seconds'] for t in timings
+             if t.get('first_step_seconds') is not None]
+    if timings and first:
+      lines.append(
+          f'{name}: a trial\'s median wall {statistics.median(t["wall"] for t in timings):.1f} s, '
+          f'of which {statistics.median(first):.1f} s to its first step '
+          f'({sum(bool(t["warm"]) for t in timings)} of {len(timings)} warm).')
+  return '\n'.join(lines)
+
+
 def _levers(workload_name: str) -> tuple[str, list[Target]]:
   """Each speed option against its default, one at a time, on one workload.
 
@@ -828,6 +873,7 @@ _SECTION_FUNCTIONS = {
     'checkpoints': _checkpoints,
     'startup': _startup,
     'costs': _costs,
+    'search': _search,
     'levers_mlp': lambda: _levers('mlp'),
     'levers_cnn': lambda: _levers('cnn'),
     'levers_two_workers': lambda: _levers('two_workers'),

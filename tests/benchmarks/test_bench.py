@@ -14,6 +14,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from benchmarks import bench
 from benchmarks import profile
+from benchmarks import search
 from benchmarks import tfrecord
 from benchmarks import timeslice
 from benchmarks import user_task
@@ -218,3 +219,26 @@ def test_the_two_worker_contenders_run_and_report_a_speed():
   assert bench._two_worker_ceiling(steps_per_call=5) > 0  # pylint: disable=protected-access
   # One epoch of the benchmark's three: it runs; the benchmark times it.
   assert bench._two_worker_tutorial(num_epochs=1) > 0  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('contender', sorted(set(search.CONTENDERS.values())))
+def test_each_search_contender_runs_a_tiny_search(contender, tmp_path):
+  if contender.startswith('kt_'):
+    # Keras Tuner is the benchmark's alone, not a dependency of ctl.
+    pytest.importorskip('keras_tuner')
+  row = search.summary(search.run(contender, tmp_path, trials=2, epochs=1))
+  assert row['trials'] == 2 and row['wall'] > 0
+  assert 0 < row['best'] <= 1
+
+
+def test_the_search_table_says_what_pruning_saved_and_what_was_skipped():
+  result = {'total': 30.0, 'evaluations': [(5.0, 0.5), (9.0, 0.98)],
+            'trials': [('COMPLETE', 10.0), ('COMPLETE', 12.0),
+                       ('PRUNED', 4.0), ('PRUNED', 3.0)]}
+  row = search.summary(result)
+  assert row['saved'] == (11.0 - 4.0) + (11.0 - 3.0)
+  assert (row['to_0.97'], row['to_0.99'], row['pruned']) == (9.0, None, 2)
+  text = search.table({'ctl': row, 'Keras Tuner': {'skipped': search.SKIPPED}})
+  assert '| ctl | 30 | 0.9800 | 9 / not reached | 4 (2) | 15 ' in text
+  assert 'skipped: keras-tuner not installed' in text
