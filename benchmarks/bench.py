@@ -734,7 +734,7 @@ def _search() -> tuple[str, list[Target]]:
   text = '\n'.join([
       f'### A search: {search.TRIALS} trials of up to {search.EPOCHS} epochs '
       'of the digits CNN, TPE and the median pruner', '',
-      search.table(summaries), '', _search_timings(summaries)])
+      search.table(summaries), '', search.timings_table(summaries)])
   targets = [Target('search: ctl.sweep\'s whole search (best of --parallel=1 '
                     'and 2) / plain Optuna\'s',
                     min(row['wall'] for row in ctl) / optuna['wall'], 1.2,
@@ -747,22 +747,6 @@ def _search() -> tuple[str, list[Target]]:
         min(reached, default=float('inf')) /
         (bayesian['to_0.99'] or float('inf')), 1.0, at_most=True))
   return text, targets
-
-
-def _search_timings(summaries: dict[str, dict]) -> str:
-  """Where ctl's trials spent their time: the medians of their wall seconds
-  and of their seconds from the trial's start to its first step."""
-  lines = []
-  for name, row in summaries.items():
-    timings = row.get('timings') or []
-    first = [t['first_step_seconds'] for t in timings
-             if t.get('first_step_seconds') is not None]
-    if timings and first:
-      lines.append(
-          f'{name}: a trial\'s median wall {statistics.median(t["wall"] for t in timings):.1f} s, '
-          f'of which {statistics.median(first):.1f} s to its first step '
-          f'({sum(bool(t["warm"]) for t in timings)} of {len(timings)} warm).')
-  return '\n'.join(lines)
 
 
 def _levers(workload_name: str) -> tuple[str, list[Target]]:

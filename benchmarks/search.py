@@ -144,15 +144,50 @@ def _trial_record(row: dict) -> dict:
 
 
 def _trial_timing(row: dict) -> dict:
-  """Where a ctl trial's time went: its wall seconds, its process's
-  seconds to the first step, and the seconds of its results' timing."""
-  results_path = pathlib.Path(row['workdir']) / 'results.json'
-  results = (json.loads(results_path.read_text())
-             if results_path.exists() else {})
-  return {'state': row['state'], 'wall': _trial_record(row)['wall_seconds'],
-          'warm': _trial_record(row).get('warm'),
-          **{key: value for key, value in results.get('timing', {}).items()
-             if isinstance(value, (int, float))}}
+  """Where a ctl trial's time went: its wall seconds, whether it ran warm,
+  and its phases' seconds as its log.txt dates them (trial_phases)."""
+  record = _trial_record(row)
+  log = pathlib.Path(row['workdir']) / 'log.txt'
+  return {'state': row['state'], 'wall': record['wall_seconds'],
+          'warm': record.get('warm'),
+          **(trial_phases(log.read_text()) if log.exists() else {})}
+
+
+# A trial's phases, each ended by the first log line matching its pattern
+# after the previous phase's end; 'eval' is apart, the seconds to each
+# "eval at step" line from the line before it.
+PHASES = (('start', r'\] Task '), ('build', r'\] Training from step'),
+          ('first step', r'\] First (step|loop)'),
+          ('train, eval, saves', r'\] Results written'),
+          ('export', r'\] Exported'))
+_LOG_LINE = re.compile(r'^I(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*$', re.MULTILINE)
+_HEADER = re.compile(r'^=== (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d):', re.MULTILINE)
+
+
+def trial_phases(log_text: str) -> dict[str, float]:
+  """Seconds of a trial's phases from its log.txt: 'start' from the line
+  the runner wrote when it started the trial (a whole second) to the run's
+  first line (a slot's start and imports, the config), then PHASES; 'eval'
+  (within 'train, eval, saves') the evaluations."""
+  header = _HEADER.search(log_text)
+  if not header:
+    return {}
+  started = datetime.datetime.strptime(header.group(1),
+                                       '%Y-%m-%d %H:%M:%S').timestamp()
+  lines = [(_seconds_since(started, day, clock), match.group(0))
+           for match in _LOG_LINE.finditer(log_text)
+           for day, clock in [match.groups()]]
+  phases, previous, index = {}, 0.0, 0
+  for name, pattern in PHASES:
+    found = next((i for i in range(index, len(lines))
+                  if re.search(pattern, lines[i][1])), None)
+    if found is not None:
+      phases[name], previous, index = lines[found][0] - previous, lines[
+          found][0], found
+  phases['eval'] = sum(lines[i][0] - lines[i - 1][0]
+                       for i in range(1, len(lines))
+                       if '] eval at step' in lines[i][1])
+  return phases
 
 
 def _seconds_since(started: float, day: str, clock: str) -> float:
@@ -222,3 +257,21 @@ def table(summaries: dict[str, dict]) -> str:
         f'{_seconds(row["to_0.97"])} / {_seconds(row["to_0.99"])} | '
         f'{row["trials"]} ({row["pruned"]}) | {saved} |')
   return '\n'.join(lines)
+
+
+def timings_table(summaries: dict[str, dict]) -> str:
+  """Where ctl's trials spent their time: the median seconds of each phase
+  (trial_phases) over a contender's trials, 'other' the wall left over
+  (the trial's end, the runner's wait for it)."""
+  names = [name for name, _ in PHASES] + ['eval', 'other']
+  lines = ['| ctl trials: median seconds | wall | ' + ' | '.join(names) + ' |',
+           '| --- ' * (len(names) + 2) + '|']
+  for name, row in summaries.items():
+    timings = [t for t in row.get('timings', []) if 'start' in t]
+    for t in timings:
+      t['other'] = t['wall'] - sum(t.get(phase, 0.0) for phase, _ in PHASES)
+    if timings:
+      lines.append(f'| {name} | ' + ' | '.join(
+          f'{statistics.median(t.get(key, 0.0) for t in timings):.1f}'
+          for key in ['wall', *names]) + ' |')
+  return '\n'.join(lines) if len(lines) > 2 else ''
