@@ -739,12 +739,17 @@ def _search() -> tuple[str, list[Target]]:
                     'and 2) / plain Optuna\'s',
                     min(row['wall'] for row in ctl) / optuna['wall'], 1.2,
                     at_most=True)]
-  if 'skipped' not in bayesian:
-    reached = [row['to_0.99'] for row in ctl if row['to_0.99'] is not None]
+  ctl_to = min((row['to_0.99'] for row in ctl if row['to_0.99'] is not None),
+               default=None)
+  if 'skipped' in bayesian or (ctl_to is None and bayesian['to_0.99'] is None):
+    # Nothing to compare: no Keras Tuner, or neither reached 0.99.
+    text += ('\n\nNo target on the time to 0.99: '
+             f'{bayesian.get("skipped", "neither reached it")}.')
+  else:
     targets.append(Target(
         'search: ctl.sweep\'s seconds to 0.99 (best of --parallel=1 and 2) '
         '/ Keras Tuner Bayesian\'s',
-        min(reached, default=float('inf')) /
+        (ctl_to if ctl_to is not None else float('inf')) /
         (bayesian['to_0.99'] or float('inf')), 1.0, at_most=True))
   return text, targets
 

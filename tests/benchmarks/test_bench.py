@@ -242,3 +242,18 @@ def test_the_search_table_says_what_pruning_saved_and_what_was_skipped():
   text = search.table({'ctl': row, 'Keras Tuner': {'skipped': search.SKIPPED}})
   assert '| ctl | 30 | 0.9800 | 9 / not reached | 4 (2) | 15 ' in text
   assert 'skipped: keras-tuner not installed' in text
+
+
+def test_a_trials_phases_are_read_from_its_log():
+  log = '\n'.join([
+      '=== 2026-11-28 12:29:48: python -m ctl.main --workdir=/tmp/t',
+      'I1128 12:30:33.500000 1 run.py:118] Task single of 1 worker(s)',
+      'I1128 12:30:35.500000 1 loop.py:169] Training from step 0 to 44',
+      'I1128 12:30:36.000000 1 loop.py:202] First step done 2.0 s after',
+      'I1128 12:30:37.000000 1 log_line.py:49] step 44/44 epoch 1/1',
+      'I1128 12:30:39.250000 1 log_line.py:49] eval at step 44: accuracy 0.5',
+      'I1128 12:30:40.000000 1 trainer.py:341] Results written to /tmp/t',
+      'I1128 12:30:41.000000 1 export.py:127] Exported the best checkpoint'])
+  assert search.trial_phases(log) == {
+      'start': 45.5, 'build': 2.0, 'first step': 0.5,
+      'train, eval, saves': 4.0, 'export': 1.0, 'eval': 2.25}
