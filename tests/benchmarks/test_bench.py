@@ -257,3 +257,17 @@ def test_a_trials_phases_are_read_from_its_log():
   assert search.trial_phases(log) == {
       'start': 45.5, 'build': 2.0, 'first step': 0.5,
       'train, eval, saves': 4.0, 'export': 1.0, 'eval': 2.25}
+
+
+def test_the_search_section_judges_no_time_to_099_that_neither_reached(
+    monkeypatch):
+  row = {'wall': 100.0, 'best': 0.98, 'to_0.97': 50.0, 'to_0.99': None,
+         'trials': 16, 'pruned': 0, 'saved': 0.0, 'mean_complete': 6.0,
+         'mean_pruned': None}
+  monkeypatch.setattr(search, 'run_all',
+                      lambda: {name: dict(row) for name in search.CONTENDERS})
+  text, targets = bench._search()  # pylint: disable=protected-access
+  assert [t.what for t in targets] == [
+      "search: ctl.sweep's whole search (best of --parallel=1 and 2) / "
+      "plain Optuna's"]
+  assert 'No target on the time to 0.99: neither reached it.' in text
