@@ -52,7 +52,9 @@ _SECTIONS = flags.DEFINE_list(
                  'elastic', 'checkpoints', 'startup', 'costs'],
     'What to measure: mlp, cnn, two_workers, user_task, tfrecord, elastic, '
     'checkpoints, startup, costs, and (not by default) levers_mlp, '
-    'levers_cnn, levers_two_workers: each speed option against the default.')
+    'levers_cnn, levers_two_workers: each speed option against the default, '
+    'and search: one search in ctl.sweep, plain Optuna and Keras Tuner '
+    '(benchmarks/search.py, about 20 minutes).')
 _MARKDOWN = flags.DEFINE_string(
     'markdown', None, 'Write the results into this file (BENCHMARKS.md), '
     'between its "<!-- bench:begin -->" and "<!-- bench:end -->" lines.')
@@ -763,6 +765,38 @@ def _costs() -> tuple[str, list[Target]]:
         f'{max(m.values):.3g} |' for m in measured.values())]), []
 
 
+def _search() -> tuple[str, list[Target]]:
+  """One search in each tool (benchmarks/search.py), against issue 50's
+  targets: ctl's whole search (the better of --parallel=1 and 2) at most
+  1.2x plain Optuna's, its time to 0.99 at most Keras Tuner Bayesian's."""
+  from benchmarks import search  # pylint: disable=g-import-not-at-top
+  summaries = search.run_all()
+  ctl = [summaries[name] for name in search.CONTENDERS if 'ctl' in name]
+  optuna = summaries['plain Optuna, trials in one process']
+  bayesian = summaries['Keras Tuner, BayesianOptimization']
+  text = '\n'.join([
+      f'### A search: {search.TRIALS} trials of up to {search.EPOCHS} epochs '
+      'of the digits CNN, TPE and the median pruner', '',
+      search.table(summaries), '', search.timings_table(summaries)])
+  targets = [Target('search: ctl.sweep\'s whole search (best of --parallel=1 '
+                    'and 2) / plain Optuna\'s',
+                    min(row['wall'] for row in ctl) / optuna['wall'], 1.2,
+                    at_most=True)]
+  ctl_to = min((row['to_0.99'] for row in ctl if row['to_0.99'] is not None),
+               default=None)
+  if 'skipped' in bayesian or (ctl_to is None and bayesian['to_0.99'] is None):
+    # Nothing to compare: no Keras Tuner, or neither reached 0.99.
+    text += ('\n\nNo target on the time to 0.99: '
+             f'{bayesian.get("skipped", "neither reached it")}.')
+  else:
+    targets.append(Target(
+        'search: ctl.sweep\'s seconds to 0.99 (best of --parallel=1 and 2) '
+        '/ Keras Tuner Bayesian\'s',
+        (ctl_to if ctl_to is not None else float('inf')) /
+        (bayesian['to_0.99'] or float('inf')), 1.0, at_most=True))
+  return text, targets
+
+
 def _levers(workload_name: str) -> tuple[str, list[Target]]:
   """Each speed option against its default, one at a time, on one workload.
 
@@ -871,6 +905,7 @@ _SECTION_FUNCTIONS = {
     'checkpoints': _checkpoints,
     'startup': _startup,
     'costs': _costs,
+    'search': _search,
     'levers_mlp': lambda: _levers('mlp'),
     'levers_cnn': lambda: _levers('cnn'),
     'levers_two_workers': lambda: _levers('two_workers'),

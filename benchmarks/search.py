@@ -1,30 +1,36 @@
-"""Time to a target eval accuracy: ctl.sweep against Keras Tuner's Hyperband.
+"""A search, the same in each tool: ctl.sweep against plain Optuna and Keras Tuner.
 
-    python -m benchmarks.search --seeds=0,1,2
+    python -m benchmarks.bench --sections=search
 
-Run from the repository root, with Keras Tuner installed (`pip install
-keras-tuner`: for this benchmark only, not a dependency of ctl). Both
-contenders search the same space over the digits CNN (configs/digits.py:
-learning rate log-uniform in [1e-4, 3e-2], the dense layer's width one of
-32, 64, 128; Adam at a constant rate, batch 32, evaluated on the same 359
-held-out digits after every epoch), one trial at a time, on the same
-budget: Keras Tuner's Hyperband with max_epochs=9 and factor=3 tries 17
-configurations, so ctl.sweep runs 17 trials of up to 9 epochs, TPE with
-Optuna's HyperbandPruner at the same rungs (1, 3 and 9 epochs, reduction
-factor 3).
+The search of issue 50, as a new user would try it: ctl's digits CNN
+(configs/digits.py, Adam at a constant rate, batch 32, the 359 held-out
+digits evaluated after every epoch), the learning rate log-uniform and the
+dense layer's width categorical (experiments/digits_search.py's space), TPE
+and the median pruner, 16 trials of up to EPOCHS epochs. The contenders,
+each a fresh process timed from its start, one after another:
+  ctl.sweep with --parallel=1 and --parallel=2 (warm trial slots, the
+    default), each trial's evaluations read from its log.txt;
+  plain Optuna with its trials in one process, and Keras Tuner's
+    RandomSearch and BayesianOptimization (benchmarks/search_contenders.py).
+Keras Tuner (`pip install keras-tuner`) is for this benchmark only, not a
+dependency of ctl: without it its rows say "skipped: keras-tuner not
+installed". Keras Tuner has no pruner: it trains every trial whole.
 
-Each contender is a fresh process (`python -m ctl.sweep`, and this module
-with --contender=keras_tuner), timed from its start: the time to the first
-evaluation at or above --target (from the trials' logs for ctl, from a
-Keras callback for Keras Tuner), the whole search's time and the best
-accuracy reached. Seeds alternate which contender runs first; the median
-over seeds is printed, with each seed's numbers, as a Markdown table.
+The wall time pruning saved (ctl and Optuna): the trial-seconds the pruned
+trials did not spend, each pruned trial's seconds against the mean of the
+complete ones: sum over pruned trials of (mean complete - its own). With
+--parallel=2 two trials run at once, so the search's wall saved is about
+half of that.
+
+This replaces the earlier comparison with Keras Tuner's Hyperband
+(`python -m benchmarks.search`, BENCHMARKS.md of 2026-11-26): one search
+of each tool on one budget, rather than a second search section.
 """
 
+import csv
 import datetime
+import importlib.util
 import json
-import math
-import os
 import pathlib
 import re
 import statistics
@@ -33,91 +39,155 @@ import sys
 import tempfile
 import time
 
-from absl import app
-from absl import flags
-
-_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds, one search of '
-                           'each contender per seed.')
-_TARGET = flags.DEFINE_float('target', 0.97, 'The eval accuracy to reach.')
-_CONTENDER = flags.DEFINE_string('contender', None, 'Internal: run Keras '
-                                 "Tuner's search in this process "
-                                 '(keras_tuner).')
-_SEED = flags.DEFINE_integer('seed', 0, 'Internal: the contender\'s seed.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Internal: its directory.')
-
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-MAX_EPOCHS = 9
-FACTOR = 3
+CONFIG = _REPO / 'configs' / 'digits.py'
+TRIALS = 16
+EPOCHS = 6
+BATCH_SIZE = 32
 STEPS_PER_EPOCH = 44  # 1,438 training digits in batches of 32.
-LEARNING_RATES = (1e-4, 3e-2)
+LEARNING_RATES = (1e-5, 3e-2)
 WIDTHS = (32, 64, 128)
-FIXED = {'num_epochs': MAX_EPOCHS, 'optimizer.schedule': 'constant',
+PRUNER_OPTIONS = {'n_startup_trials': 3}
+FIXED = {'optimizer.schedule': 'constant', 'batch_size': BATCH_SIZE,
          'intervals.eval_steps': STEPS_PER_EPOCH}
+ACCURACIES = (0.97, 0.99)
+CONTENDERS = {
+    'ctl.sweep, --parallel=1': 'ctl:1',
+    'ctl.sweep, --parallel=2': 'ctl:2',
+    'plain Optuna, trials in one process': 'optuna',
+    'Keras Tuner, RandomSearch': 'kt_random',
+    'Keras Tuner, BayesianOptimization': 'kt_bayesian',
+}
+SKIPPED = 'skipped: keras-tuner not installed'
 _EVAL_LINE = re.compile(r'^I(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*\] eval at step '
                         r'\d+: .*\baccuracy ([\d.]+)', re.MULTILINE)
 
 
-def hyperband_configurations(max_epochs: int, factor: int) -> int:
-  """How many configurations one Hyperband iteration of Keras Tuner tries:
-  its brackets' first rounds, as keras_tuner's HyperbandOracle sizes them
-  (_get_num_brackets, _get_size)."""
-  brackets, epochs = 0, max_epochs
-  while epochs >= 1:
-    epochs /= factor
-    brackets += 1
-  end_size = math.ceil(1 + math.log(max_epochs, factor))
-  return sum(math.ceil(end_size / (bracket + 1) * factor ** bracket)
-             for bracket in range(brackets))
+def run(contender: str, directory: pathlib.Path, trials: int = TRIALS,
+        epochs: int = EPOCHS, seed: int = 0) -> dict:
+  """One contender's search: its wall seconds, evaluations as (seconds
+  since its process started, accuracy) and trials as (state, seconds);
+  {'skipped': why} for Keras Tuner where it is not installed."""
+  if contender.startswith('kt_') and not importlib.util.find_spec(
+      'keras_tuner'):
+    return {'skipped': SKIPPED}
+  if contender.startswith('ctl:'):
+    return _run_ctl(int(contender[4:]), directory, trials, epochs, seed)
+  out = directory / f'{contender}.json'
+  started, total = _timed_run(
+      [sys.executable, '-m', 'benchmarks.search_contenders',
+       f'--contender={contender}', f'--trials={trials}', f'--epochs={epochs}',
+       f'--seed={seed}', f'--out={out}'], contender)
+  record = json.loads(out.read_text())
+  return {'total': total, 'trials': record['trials'],
+          'evaluations': sorted((stamp - started, accuracy)
+                                for stamp, accuracy in record['evaluations'])}
 
 
-def _sweep_file(directory: pathlib.Path, seed: int) -> pathlib.Path:
-  """The ctl.sweep file of the search, seeded."""
+def _sweep_file(directory: pathlib.Path, trials: int, epochs: int,
+                seed: int) -> pathlib.Path:
+  """The ctl.sweep file of the search."""
   path = directory / 'search.py'
-  rungs = {'min_resource': STEPS_PER_EPOCH,
-           'max_resource': MAX_EPOCHS * STEPS_PER_EPOCH,
-           'reduction_factor': FACTOR}
   path.write_text(
       'from ctl import hyper\n\n'
       'def get_sweep():\n'
       '  return hyper.Sweep(\n'
-      f'      config={str(_REPO / "configs" / "digits.py")!r},\n'
+      f'      config={str(CONFIG)!r},\n'
       '      search=hyper.Search(\n'
       "          space={'optimizer.learning_rate': hyper.log_uniform"
       f'{LEARNING_RATES!r},\n'
       f"                 'model.width': hyper.choice({list(WIDTHS)!r})}},\n"
-      f'          fixed={FIXED!r},\n'
-      f'          num_trials={hyperband_configurations(MAX_EPOCHS, FACTOR)}, '
-      f"sampler='tpe', pruner='hyperband',\n"
-      f'          pruner_options={rungs!r}, seed={seed}),\n'
+      f"          fixed={ {**FIXED, 'num_epochs': epochs}!r},\n"
+      f"          num_trials={trials}, sampler='tpe', pruner='median',\n"
+      f'          pruner_options={PRUNER_OPTIONS!r}, seed={seed}),\n'
       "      metric='eval.accuracy', mode='max')\n")
   return path
 
 
-def _timed_run(command: list[str], who: str):
-  """Runs command; returns its start time (time.time()), its seconds and
-  its result. Raises RuntimeError, with its output, where it failed."""
+def _timed_run(command: list[str], who: str) -> tuple[float, float]:
+  """Runs command from the repository root; returns its start time
+  (time.time()) and its seconds. Raises RuntimeError, with its output,
+  where it failed."""
   started = time.time()
-  result = subprocess.run(command, capture_output=True, text=True, check=False)
+  result = subprocess.run(command, capture_output=True, text=True,
+                          check=False, cwd=_REPO)
   total = time.time() - started
   if result.returncode != 0:
     raise RuntimeError(f'{who} exited {result.returncode}:\n'
                        f'{result.stdout[-3000:]}\n{result.stderr[-3000:]}')
-  return started, total, result
+  return started, total
 
 
-def run_ctl(seed: int, directory: pathlib.Path) -> dict:
-  """ctl.sweep's search: its evaluations as (seconds since start, accuracy)."""
-  workdir = directory / 'sweep'
-  command = [sys.executable, '-m', 'ctl.sweep',
-             f'--sweep={_sweep_file(directory, seed)}', f'--workdir={workdir}']
-  started, total, result = _timed_run(command, 'ctl.sweep')
+def _run_ctl(parallel: int, directory: pathlib.Path, trials: int,
+             epochs: int, seed: int) -> dict:
+  """ctl.sweep's search, its evaluations read from the trials' logs."""
+  workdir = directory / f'sweep-{parallel}'
+  started, total = _timed_run(
+      [sys.executable, '-m', 'ctl.sweep',
+       f'--sweep={_sweep_file(directory, trials, epochs, seed)}',
+       f'--workdir={workdir}', f'--parallel={parallel}'], 'ctl.sweep')
   evaluations = []
   for log in sorted(workdir.glob('trial-*/log.txt')):
     for day, clock, accuracy in _EVAL_LINE.findall(log.read_text()):
       evaluations.append((_seconds_since(started, day, clock), float(accuracy)))
+  with open(workdir / 'results.csv', newline='') as file:
+    rows = list(csv.DictReader(file))
   return {'total': total, 'evaluations': sorted(evaluations),
-          'trials': len(list(workdir.glob('trial-*'))),
-          'pruned': result.stdout.count(': PRUNED at step')}
+          'trials': [(row['state'], _trial_record(row)['wall_seconds'])
+                     for row in rows],
+          'timings': [_trial_timing(row) for row in rows]}
+
+
+def _trial_record(row: dict) -> dict:
+  """A ctl trial's trial.json (wall_seconds, warm, ...)."""
+  return json.loads((pathlib.Path(row['workdir']) / 'trial.json').read_text())
+
+
+def _trial_timing(row: dict) -> dict:
+  """Where a ctl trial's time went: its wall seconds, whether it ran warm,
+  and its phases' seconds as its log.txt dates them (trial_phases)."""
+  record = _trial_record(row)
+  log = pathlib.Path(row['workdir']) / 'log.txt'
+  return {'state': row['state'], 'wall': record['wall_seconds'],
+          'warm': record.get('warm'),
+          **(trial_phases(log.read_text()) if log.exists() else {})}
+
+
+# A trial's phases, each ended by the first log line matching its pattern
+# after the previous phase's end; 'eval' is apart, the seconds to each
+# "eval at step" line from the line before it.
+PHASES = (('start', r'\] Task '), ('build', r'\] Training from step'),
+          ('first step', r'\] First (step|loop)'),
+          ('train, eval, saves', r'\] Results written'),
+          ('export', r'\] Exported'))
+_LOG_LINE = re.compile(r'^I(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*$', re.MULTILINE)
+_HEADER = re.compile(r'^=== (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d):', re.MULTILINE)
+
+
+def trial_phases(log_text: str) -> dict[str, float]:
+  """Seconds of a trial's phases from its log.txt: 'start' from the line
+  the runner wrote when it started the trial (a whole second) to the run's
+  first line (a slot's start and imports, the config), then PHASES; 'eval'
+  (within 'train, eval, saves') the evaluations."""
+  header = _HEADER.search(log_text)
+  if not header:
+    return {}
+  started = datetime.datetime.strptime(header.group(1),
+                                       '%Y-%m-%d %H:%M:%S').timestamp()
+  lines = [(_seconds_since(started, day, clock), match.group(0))
+           for match in _LOG_LINE.finditer(log_text)
+           for day, clock in [match.groups()]]
+  phases, previous, index = {}, 0.0, 0
+  for name, pattern in PHASES:
+    found = next((i for i in range(index, len(lines))
+                  if re.search(pattern, lines[i][1])), None)
+    if found is not None:
+      phases[name], previous, index = lines[found][0] - previous, lines[
+          found][0], found
+  phases['eval'] = sum(lines[i][0] - lines[i - 1][0]
+                       for i in range(1, len(lines))
+                       if '] eval at step' in lines[i][1])
+  return phases
 
 
 def _seconds_since(started: float, day: str, clock: str) -> float:
@@ -128,127 +198,80 @@ def _seconds_since(started: float, day: str, clock: str) -> float:
   return stamp.timestamp() - started
 
 
-def run_keras_tuner(seed: int, directory: pathlib.Path) -> dict:
-  """Keras Tuner's search in a fresh process, timed as ctl's is."""
-  out = directory / 'keras_tuner.json'
-  command = [sys.executable, '-m', 'benchmarks.search',
-             '--contender=keras_tuner', f'--seed={seed}',
-             f'--workdir={directory}']
-  started, total, result = _timed_run(command, 'Keras Tuner')
-  record = json.loads(out.read_text())
-  return {'total': total, 'trials': record['configurations'],
-          'pruned': record['stopped_early'],
-          'evaluations': sorted((stamp - started, accuracy)
-                                for stamp, accuracy in record['evaluations'])}
+def summary(result: dict) -> dict:
+  """What the table shows of one search."""
+  if 'skipped' in result:
+    return result
+  accuracies = [accuracy for _, accuracy in result['evaluations']]
+  complete = [s for state, s in result['trials'] if state == 'COMPLETE']
+  pruned = [s for state, s in result['trials'] if state == 'PRUNED']
+  mean_complete = statistics.mean(complete) if complete else 0.0
+  return {'wall': result['total'], 'best': max(accuracies, default=0.0),
+          **{f'to_{target}': to_accuracy(result, target)
+             for target in ACCURACIES},
+          'trials': len(result['trials']), 'pruned': len(pruned),
+          'saved': sum(mean_complete - seconds for seconds in pruned),
+          'mean_complete': mean_complete,
+          'mean_pruned': statistics.mean(pruned) if pruned else None}
 
 
-def _keras_tuner_search(seed: int, directory: pathlib.Path) -> None:
-  """The contender itself: Hyperband over the same model, data and space."""
-  import keras  # pylint: disable=g-import-not-at-top
-  import keras_tuner  # pylint: disable=g-import-not-at-top
-  from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
-  from ctl.builtin_tasks import classification  # pylint: disable=g-import-not-at-top
-  from ctl.data import datasets  # pylint: disable=g-import-not-at-top
-
-  config = config_lib.load(str(_REPO / 'configs' / 'digits.py'), FIXED)
-  data = datasets.load(config.data)
-  train_x = data.train.features.astype('float32') * data.feature_scale
-  eval_x = data.eval.features.astype('float32') * data.feature_scale
-  keras.utils.set_random_seed(seed)
-
-  def build(hp):
-    """The digits CNN and Adam at the values Keras Tuner picks."""
-    model_config = config.model.copy_and_resolve_references()
-    model_config.width = hp.Choice('width', list(WIDTHS))
-    model = classification.build_model(model_config, train_x.shape[1:],
-                               data.num_classes)
-    model.compile(
-        optimizer=keras.optimizers.Adam(hp.Float(
-            'learning_rate', *LEARNING_RATES, sampling='log')),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=['accuracy'], jit_compile=False)
-    return model
-
-  evaluations = []
-
-  class Record(keras.callbacks.Callback):
-    """Each epoch's eval accuracy, with the time it was known."""
-
-    def on_epoch_end(self, epoch, logs=None):
-      evaluations.append((time.time(), float(logs['val_accuracy'])))
-
-  tuner = keras_tuner.Hyperband(
-      build, objective='val_accuracy', max_epochs=MAX_EPOCHS, factor=FACTOR,
-      hyperband_iterations=1, seed=seed, directory=str(directory),
-      project_name='keras_tuner', overwrite=True)
-  tuner.search(train_x, data.train.labels, batch_size=32,
-               validation_data=(eval_x, data.eval.labels),
-               callbacks=[Record()], verbose=0)
-  trials = tuner.oracle.trials.values()
-  new = [trial for trial in trials
-         if not trial.hyperparameters.values.get('tuner/trial_id')]
-  # A configuration stopped early: the last trial of its chain (a trial
-  # no other continued) trained it for fewer than max_epochs.
-  continued = {trial.hyperparameters.values.get('tuner/trial_id')
-               for trial in trials}
-  stopped_early = sum(
-      1 for trial in trials if trial.trial_id not in continued and
-      trial.hyperparameters.values.get('tuner/epochs') < MAX_EPOCHS)
-  (directory / 'keras_tuner.json').write_text(json.dumps(
-      {'evaluations': evaluations, 'configurations': len(new),
-       'stopped_early': stopped_early}))
-
-
-def _to_target(result: dict, target: float) -> float | None:
+def to_accuracy(result: dict, target: float) -> float | None:
   """Seconds to the first evaluation at or above target (None: never)."""
   return next((seconds for seconds, accuracy in result['evaluations']
                if accuracy >= target), None)
 
 
-def _summary(result: dict, target: float) -> dict:
-  """What the table shows of one search."""
-  return {'to_target': _to_target(result, target), 'total': result['total'],
-          'best': max(accuracy for _, accuracy in result['evaluations']),
-          'trials': result['trials'], 'pruned': result['pruned']}
+def run_all(trials: int = TRIALS, epochs: int = EPOCHS,
+            seed: int = 0) -> dict[str, dict]:
+  """Each contender's summary, one search after another, in one sitting."""
+  summaries = {}
+  for name, contender in CONTENDERS.items():
+    with tempfile.TemporaryDirectory(prefix='search-') as directory:
+      result = run(contender, pathlib.Path(directory), trials, epochs, seed)
+    summaries[name] = summary(result)
+    if 'timings' in result:
+      summaries[name]['timings'] = result['timings']
+    print(f'{name}: {json.dumps(summaries[name])}', flush=True)
+  return summaries
 
 
 def _seconds(value: float | None) -> str:
   """Seconds for the table."""
-  return 'not reached' if value is None else f'{value:.0f} s'
+  return 'not reached' if value is None else f'{value:.0f}'
 
 
-def main(argv: list[str]) -> None:
-  """Runs each seed's two searches (or, internally, Keras Tuner's alone)."""
-  del argv
-  if _CONTENDER.value == 'keras_tuner':
-    _keras_tuner_search(_SEED.value, pathlib.Path(_WORKDIR.value))
-    return
-  target = _TARGET.value
-  runs = {'ctl': [], 'keras_tuner': []}
-  contenders = {'ctl': run_ctl, 'keras_tuner': run_keras_tuner}
-  for index, seed in enumerate(int(seed) for seed in _SEEDS.value):
-    order = ['ctl', 'keras_tuner'][::1 if index % 2 == 0 else -1]
-    for name in order:
-      with tempfile.TemporaryDirectory(prefix=f'search-{name}-') as directory:
-        summary = _summary(contenders[name](seed, pathlib.Path(directory)),
-                           target)
-      runs[name].append(summary)
-      print(f'seed {seed} {name}: {json.dumps(summary)}', flush=True)
-  print(f'\n| seed | contender | to {target} | whole search | best accuracy '
-        '| configurations (stopped early) |\n|---|---|---|---|---|---|')
-  for name, summaries in runs.items():
-    for seed, summary in zip(_SEEDS.value, summaries):
-      print(f'| {seed} | {name} | {_seconds(summary["to_target"])} | '
-            f'{summary["total"]:.0f} s | {summary["best"]:.4f} | '
-            f'{summary["trials"]} ({summary["pruned"]}) |')
-  for name, summaries in runs.items():
-    reached = [s['to_target'] for s in summaries if s['to_target'] is not None]
-    print(f'| median | {name} | '
-          f'{_seconds(statistics.median(reached)) if reached else "never"} '
-          f'({len(reached)} of {len(summaries)} reached) | '
-          f'{statistics.median(s["total"] for s in summaries):.0f} s | '
-          f'{statistics.median(s["best"] for s in summaries):.4f} | |')
+def table(summaries: dict[str, dict]) -> str:
+  """The section's table, a row per contender."""
+  lines = ['| contender | wall (s) | best accuracy | seconds to 0.97 / 0.99 '
+           '| trials (pruned) | trial-seconds pruning saved |',
+           '| --- | --- | --- | --- | --- | --- |']
+  for name, row in summaries.items():
+    if 'skipped' in row:
+      lines.append(f'| {name} | {row["skipped"]} | | | | |')
+      continue
+    saved = (f'{row["saved"]:.0f} (complete {row["mean_complete"]:.1f} s, '
+             f'pruned {row["mean_pruned"]:.1f} s on average)'
+             if row['pruned'] else '-')
+    lines.append(
+        f'| {name} | {row["wall"]:.0f} | {row["best"]:.4f} | '
+        f'{_seconds(row["to_0.97"])} / {_seconds(row["to_0.99"])} | '
+        f'{row["trials"]} ({row["pruned"]}) | {saved} |')
+  return '\n'.join(lines)
 
 
-if __name__ == '__main__':
-  app.run(main)
+def timings_table(summaries: dict[str, dict]) -> str:
+  """Where ctl's trials spent their time: the median seconds of each phase
+  (trial_phases) over a contender's trials, 'other' the wall left over
+  (the trial's end, the runner's wait for it)."""
+  names = [name for name, _ in PHASES] + ['eval', 'other']
+  lines = ['| ctl trials: median seconds | wall | ' + ' | '.join(names) + ' |',
+           '| --- ' * (len(names) + 2) + '|']
+  for name, row in summaries.items():
+    timings = [t for t in row.get('timings', []) if 'start' in t]
+    for t in timings:
+      t['other'] = t['wall'] - sum(t.get(phase, 0.0) for phase, _ in PHASES)
+    if timings:
+      lines.append(f'| {name} | ' + ' | '.join(
+          f'{statistics.median(t.get(key, 0.0) for t in timings):.1f}'
+          for key in ['wall', *names]) + ' |')
+  return '\n'.join(lines) if len(lines) > 2 else ''

@@ -24,7 +24,7 @@ from ctl import config as config_lib
 from ctl import task as task_lib
 from ctl import task_hooks
 from ctl.data import datasets
-from ctl.training import xla
+from ctl.training import steps as steps_lib
 
 NUM_TRAIN = 60_000  # As MNIST.
 NUM_EVAL = 1_000
@@ -338,7 +338,8 @@ def compute_only_speed(workload: Workload, jit_compile: str = 'off',
 def _jit_mode(jit_compile: str, task: task_lib.Task) -> str:
   """jit_compile, with 'auto' as ctl resolves it for in-memory data."""
   if jit_compile == 'auto':
-    return xla.resolve('auto', num_replicas=1, task=task, in_memory=True)
+    return steps_lib.resolve_xla('auto', num_replicas=1, task=task,
+                                 in_memory=True)
   return jit_compile
 
 

@@ -280,7 +280,7 @@ _CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
 
 
 def resolve_xla(setting: str, *, num_replicas: int, task: task_lib.Task,
-            in_memory: bool) -> str:
+                in_memory: bool) -> str:
   """'off', 'step' (each replica's step one program) or 'loop' (a whole loop).
 
   'auto' is 'off' for a task's own steps (they may hold ops XLA cannot

@@ -14,6 +14,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from benchmarks import bench
 from benchmarks import profile
+from benchmarks import search
 from benchmarks import tfrecord
 from benchmarks import timeslice
 from benchmarks import user_task
@@ -235,3 +236,55 @@ def test_the_two_worker_contenders_run_and_report_a_speed():
   assert bench._two_worker_ceiling(steps_per_call=5) > 0  # pylint: disable=protected-access
   # One epoch of the benchmark's three: it runs; the benchmark times it.
   assert bench._two_worker_tutorial(num_epochs=1) > 0  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('contender', sorted(set(search.CONTENDERS.values())))
+def test_each_search_contender_runs_a_tiny_search(contender, tmp_path):
+  if contender.startswith('kt_'):
+    # Keras Tuner is the benchmark's alone, not a dependency of ctl.
+    pytest.importorskip('keras_tuner')
+  row = search.summary(search.run(contender, tmp_path, trials=2, epochs=1))
+  assert row['trials'] == 2 and row['wall'] > 0
+  assert 0 < row['best'] <= 1
+
+
+def test_the_search_table_says_what_pruning_saved_and_what_was_skipped():
+  result = {'total': 30.0, 'evaluations': [(5.0, 0.5), (9.0, 0.98)],
+            'trials': [('COMPLETE', 10.0), ('COMPLETE', 12.0),
+                       ('PRUNED', 4.0), ('PRUNED', 3.0)]}
+  row = search.summary(result)
+  assert row['saved'] == (11.0 - 4.0) + (11.0 - 3.0)
+  assert (row['to_0.97'], row['to_0.99'], row['pruned']) == (9.0, None, 2)
+  text = search.table({'ctl': row, 'Keras Tuner': {'skipped': search.SKIPPED}})
+  assert '| ctl | 30 | 0.9800 | 9 / not reached | 4 (2) | 15 ' in text
+  assert 'skipped: keras-tuner not installed' in text
+
+
+def test_a_trials_phases_are_read_from_its_log():
+  log = '\n'.join([
+      '=== 2026-11-28 12:29:48: python -m ctl.main --workdir=/tmp/t',
+      'I1128 12:30:33.500000 1 run.py:118] Task single of 1 worker(s)',
+      'I1128 12:30:35.500000 1 loop.py:169] Training from step 0 to 44',
+      'I1128 12:30:36.000000 1 loop.py:202] First step done 2.0 s after',
+      'I1128 12:30:37.000000 1 log_line.py:49] step 44/44 epoch 1/1',
+      'I1128 12:30:39.250000 1 log_line.py:49] eval at step 44: accuracy 0.5',
+      'I1128 12:30:40.000000 1 trainer.py:341] Results written to /tmp/t',
+      'I1128 12:30:41.000000 1 export.py:127] Exported the best checkpoint'])
+  assert search.trial_phases(log) == {
+      'start': 45.5, 'build': 2.0, 'first step': 0.5,
+      'train, eval, saves': 4.0, 'export': 1.0, 'eval': 2.25}
+
+
+def test_the_search_section_judges_no_time_to_099_that_neither_reached(
+    monkeypatch):
+  row = {'wall': 100.0, 'best': 0.98, 'to_0.97': 50.0, 'to_0.99': None,
+         'trials': 16, 'pruned': 0, 'saved': 0.0, 'mean_complete': 6.0,
+         'mean_pruned': None}
+  monkeypatch.setattr(search, 'run_all',
+                      lambda: {name: dict(row) for name in search.CONTENDERS})
+  text, targets = bench._search()  # pylint: disable=protected-access
+  assert [t.what for t in targets] == [
+      "search: ctl.sweep's whole search (best of --parallel=1 and 2) / "
+      "plain Optuna's"]
+  assert 'No target on the time to 0.99: neither reached it.' in text
