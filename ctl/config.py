@@ -176,7 +176,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.diagnostics.straggler_seconds = 4.0
 
   config.distribution = ml_collections.ConfigDict()
-  # 'auto' picks multi_worker when the cluster resolver describes a
+  # 'parameter_server': the chief coordinates asynchronous training on
+  # the cluster's workers, the variables on its "ps" tasks (README,
+  # "Parameter servers"). 'auto' picks parameter_server when the cluster
+  # has "ps" tasks, multi_worker when the cluster resolver describes a
   # cluster, mirrored with several GPUs, one_device with one GPU, and
   # otherwise 'default' (TensorFlow's default strategy, no distribution
   # overhead).

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from ctl.cluster import coordination
 from ctl.cluster import tf_config as cluster_lib
+from ctl.cluster import ps_cluster
 from ctl.cluster import rendezvous
 from ctl.cluster import slurm
 from ctl.runtime import tf_internals
@@ -74,6 +75,14 @@ def build_strategy(
     CtlError: this task cannot listen at its TF_CONFIG address.
   """
   cluster = _read_cluster(config)
+  if _choose_kind(config.strategy, has_cluster=cluster is not None,
+                  has_ps=_has_ps(cluster)) == 'parameter_server':
+    return _build_parameter_server(config, cluster)
+  if _has_ps(cluster):
+    raise errors.ConfigError(
+        f'{cluster.source} names "ps" tasks (parameter servers), but '
+        f'distribution.strategy={config.strategy!r}: set it to '
+        "'parameter_server' or 'auto', or remove the \"ps\" job.")
   if cluster is not None and cluster.task_type == 'evaluator':
     logging.info('Cluster: this task is %s, the evaluator: it evaluates the '
                  "chief's checkpoints on its own devices, outside training.",
@@ -93,6 +102,39 @@ def build_strategy(
   # A single process waits for no one: its start-up needs no guard.
   return _local_strategy(kind), Role(task_type=None, task_id=0,
                                      num_workers=1, is_chief=True)
+
+
+def _has_ps(cluster: cluster_lib.Cluster | None) -> bool:
+  """Whether the cluster has parameter servers."""
+  return cluster is not None and 'ps' in cluster.jobs
+
+
+def _build_parameter_server(
+    config: ml_collections.ConfigDict, cluster: cluster_lib.Cluster | None
+) -> tuple[tf.distribute.Strategy | None, Role]:
+  """The chief's ParameterServerStrategy; None for a worker or server,
+  which only serves (`serve_parameter_server_task`)."""
+  if cluster is None:
+    raise errors.ConfigError(
+        "distribution.strategy='parameter_server' needs a cluster with "
+        '"chief", "worker" and "ps" tasks, but '
+        f'{config.cluster_resolver!r} found none: set TF_CONFIG, or start '
+        'the job with ctl.launch --num_workers=N --num_ps=K.')
+  ps_cluster.check_cluster(cluster)
+  # Only the chief trains (it coordinates): a job of one worker to the
+  # loop, with no collective to join and no peer to wait for at its end.
+  role = Role(task_type=cluster.task_type, task_id=cluster.task_index,
+              num_workers=1, is_chief=cluster.task_type == 'chief')
+  if ps_cluster.is_server(cluster.task_type):
+    return None, role
+  return ps_cluster.build_coordinator(config, cluster), role
+
+
+def serve_parameter_server_task(config: ml_collections.ConfigDict,
+                                workdir: str) -> dict:
+  """A parameter-server job's worker or server task: serves until the
+  chief marks the job done (ctl/cluster/ps_cluster.py)."""
+  return ps_cluster.serve(config, workdir, _read_cluster(config))
 
 
 def local_strategy(config: ml_collections.ConfigDict
@@ -290,10 +332,13 @@ def _local_devices() -> list[str]:
   return [device.name for device in devices]
 
 
-def _choose_kind(strategy: str, has_cluster: bool) -> str:
+def _choose_kind(strategy: str, has_cluster: bool,
+                 has_ps: bool = False) -> str:
   """Resolves 'auto' to a concrete strategy kind."""
   if strategy != 'auto':
     return strategy
+  if has_ps:
+    return 'parameter_server'
   if has_cluster:
     return 'multi_worker'
   num_gpus = len(tf.config.list_physical_devices('GPU'))

@@ -18,6 +18,7 @@ from ctl.cluster import diagnostics
 from ctl.cluster import distribution
 from ctl.cluster import input_wait
 from ctl.cluster import peer_evidence
+from ctl.cluster import ps_cluster
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
 from ctl.cluster import worker_timings
@@ -27,6 +28,7 @@ from ctl.runtime import workdir as workdir_lib
 from ctl.training import checkpoint_evaluation
 from ctl.training import failures
 from ctl.training import job as job_lib
+from ctl.training import parameter_servers
 from ctl.training import speed as speed_lib
 from ctl.training import trainer as trainer_lib
 
@@ -61,6 +63,9 @@ def train_and_evaluate(
   """
   started = speed_lib.process_start_time()
   task_class, strategy, role = _set_up(config)
+  if strategy is None:  # A parameter-server job's worker or server.
+    return distribution.serve_parameter_server_task(config.distribution,
+                                                    workdir)
   if role.task_type == 'evaluator':
     return _evaluate_as_side_car(config, workdir, strategy, role,
                                  on_finish)
@@ -78,6 +83,8 @@ def train_and_evaluate(
             job=job_lib.Job(strategy, role, watchdog, status),
             process=job_lib.Process(stop_signal, workdir_lock, started))
         results, finished_now = trainer.run()
+      if parameter_servers.is_coordinator(strategy):
+        ps_cluster.mark_job_done(workdir)  # Its workers and servers leave.
       if on_finish:
         on_finish(role, finished_now)
     except errors.Preempted:
@@ -94,11 +101,13 @@ def train_and_evaluate(
 
 def _set_up(
     config: ml_collections.ConfigDict
-) -> tuple[type, tf.distribute.Strategy, distribution.Role]:
+) -> tuple[type, tf.distribute.Strategy | None, distribution.Role]:
   """Checks the config, sets TensorFlow up for it and builds the strategy.
 
   Returns:
-    The task's class, the strategy and this task's place in the cluster.
+    The task's class, the strategy (None for a parameter-server job's
+    worker or server, which only serves) and this task's place in the
+    cluster.
 
   Raises:
     ConfigError: the config cannot work; nothing was written.
