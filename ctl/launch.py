@@ -15,6 +15,12 @@ they save a checkpoint at the step they reached and the launcher exits with
 exits with 130, as `ctl.main` does (the latest whole checkpoint is the one
 to resume from).
 
+With --num_ps=K the job is a parameter-server job: a chief (the
+coordinator), N workers and K servers, printed as `[chief]`, `[worker i]`,
+`[ps i]`. Its exit code is the chief's: a worker that dies does not stop
+it (the chief runs its steps on the others); when the chief stops, the
+others are told to stop too (SIGTERM), unless it finished.
+
 Exit codes: 0 when training finished; 130 after a second Ctrl-C; otherwise
 the code that stopped the last attempt (42 preempted, 43 a worker failed, 1
 or 2 from ctl.main).

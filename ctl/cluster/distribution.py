@@ -75,14 +75,14 @@ def build_strategy(
     CtlError: this task cannot listen at its TF_CONFIG address.
   """
   cluster = _read_cluster(config)
-  if _choose_kind(config.strategy, has_cluster=cluster is not None,
-                  has_ps=_has_ps(cluster)) == 'parameter_server':
-    return _build_parameter_server(config, cluster)
-  if _has_ps(cluster):
-    raise errors.ConfigError(
-        f'{cluster.source} names "ps" tasks (parameter servers), but '
-        f'distribution.strategy={config.strategy!r}: set it to '
-        "'parameter_server' or 'auto', or remove the \"ps\" job.")
+  has_ps = (cluster is not None and 'ps' in cluster.jobs and  # Else not run.
+            ps_cluster.has_ps(cluster, config.strategy))
+  if _choose_kind(config.strategy, cluster is not None,
+                  has_ps) == 'parameter_server':
+    # To the loop, the chief (coordinator) is a job of one worker.
+    return ps_cluster.build(config, cluster), Role(
+        task_type=cluster.task_type, task_id=cluster.task_index,
+        num_workers=1, is_chief=cluster.task_type == 'chief')
   if cluster is not None and cluster.task_type == 'evaluator':
     logging.info('Cluster: this task is %s, the evaluator: it evaluates the '
                  "chief's checkpoints on its own devices, outside training.",
@@ -104,30 +104,10 @@ def build_strategy(
                                      num_workers=1, is_chief=True)
 
 
-def _has_ps(cluster: cluster_lib.Cluster | None) -> bool:
-  """Whether the cluster has parameter servers."""
-  return cluster is not None and 'ps' in cluster.jobs
-
-
-def _build_parameter_server(
-    config: ml_collections.ConfigDict, cluster: cluster_lib.Cluster | None
-) -> tuple[tf.distribute.Strategy | None, Role]:
-  """The chief's ParameterServerStrategy; None for a worker or server,
-  which only serves (`serve_parameter_server_task`)."""
-  if cluster is None:
-    raise errors.ConfigError(
-        "distribution.strategy='parameter_server' needs a cluster with "
-        '"chief", "worker" and "ps" tasks, but '
-        f'{config.cluster_resolver!r} found none: set TF_CONFIG, or start '
-        'the job with ctl.launch --num_workers=N --num_ps=K.')
-  ps_cluster.check_cluster(cluster)
-  # Only the chief trains (it coordinates): a job of one worker to the
-  # loop, with no collective to join and no peer to wait for at its end.
-  role = Role(task_type=cluster.task_type, task_id=cluster.task_index,
-              num_workers=1, is_chief=cluster.task_type == 'chief')
-  if ps_cluster.is_server(cluster.task_type):
-    return None, role
-  return ps_cluster.build_coordinator(config, cluster), role
+def is_parameter_server(strategy: tf.distribute.Strategy | None) -> bool:
+  """Whether strategy coordinates parameter-server training."""
+  return isinstance(strategy,
+                    tf.distribute.experimental.ParameterServerStrategy)
 
 
 def serve_parameter_server_task(config: ml_collections.ConfigDict,

@@ -32,9 +32,51 @@ PS_JOBS = ('chief', 'worker', 'ps')
 # How often a serving task looks for the job's end, and the chief for a
 # task that does not listen yet.
 _POLL_SECONDS = 0.5
+# How long a serving task waits, once the chief marked the job done, for
+# the chief's process to end: the coordinator still talks to the workers
+# and servers as it exits (it removes its functions from them).
+_LEAVE_AFTER_SECONDS = 60.0
 # What a serving task's TensorFlow server runs its ops with: one inter-op
 # thread hung an in-process cluster (TF_NOTES.md).
 _INTER_OP_THREADS = 4
+
+
+def has_ps(cluster: cluster_lib.Cluster | None, strategy: str) -> bool:
+  """Whether the cluster has parameter servers.
+
+  Raises:
+    ConfigError: it has, and strategy is neither 'auto' nor
+      'parameter_server'.
+  """
+  if cluster is None or 'ps' not in cluster.jobs:
+    return False
+  if strategy not in ('auto', 'parameter_server'):
+    raise errors.ConfigError(
+        f'{cluster.source} names "ps" tasks (parameter servers), but '
+        f'distribution.strategy={strategy!r}: set it to '
+        "'parameter_server' or 'auto', or remove the \"ps\" job.")
+  return True
+
+
+def build(config: ml_collections.ConfigDict,
+          cluster: cluster_lib.Cluster | None
+          ) -> tf.distribute.experimental.ParameterServerStrategy | None:
+  """The chief's strategy (`build_coordinator`); None for a worker or
+  server, which only serves (`serve`).
+
+  Raises:
+    ConfigError: no cluster, or one parameter servers cannot run.
+  """
+  if cluster is None:
+    raise errors.ConfigError(
+        "distribution.strategy='parameter_server' needs a cluster with "
+        '"chief", "worker" and "ps" tasks, but '
+        f'{config.cluster_resolver!r} found none: set TF_CONFIG, or start '
+        'the job with ctl.launch --num_workers=N --num_ps=K.')
+  check_cluster(cluster)
+  if is_server(cluster.task_type):
+    return None
+  return build_coordinator(config, cluster)
 
 
 def check_cluster(cluster: cluster_lib.Cluster) -> None:
@@ -145,7 +187,8 @@ def _listens(address: str) -> bool:
 def serve(config: ml_collections.ConfigDict, workdir: str,
           cluster: cluster_lib.Cluster) -> dict:
   """A worker's or server's life: TensorFlow's server, until the chief
-  marks the job done (returns) or SIGTERM (raises Preempted: exit 42).
+  marks the job done and has exited (returns), or SIGTERM (raises
+  Preempted: exit 42).
 
   Args:
     config: the `distribution` section (not read yet: the same config on
@@ -164,10 +207,14 @@ def serve(config: ml_collections.ConfigDict, workdir: str,
   logging.info('Serving as %s at %s until the chief marks the job done (%s) '
                'or SIGTERM.', cluster.task_name, cluster.address,
                workdir_lib.job_done_path(workdir))
+  done_since = None
   with _Stop() as stop:
     while not stop.event.wait(_POLL_SECONDS):
-      done = storage.read_text(workdir_lib.job_done_path(workdir))
-      if done and done != before:
+      if done_since is None:
+        done = storage.read_text(workdir_lib.job_done_path(workdir))
+        done_since = time.monotonic() if done and done != before else None
+      elif (not _listens(cluster.address_of('chief:0')) or
+            time.monotonic() - done_since > _LEAVE_AFTER_SECONDS):
         logging.info('The chief marked the job done: %s leaves (its server '
                      'served at %s).', cluster.task_name, server.target)
         return {'served': cluster.task_name}

@@ -19,7 +19,6 @@ loop's start and end (`_set_iterations`; BUILD.md, "Parameter servers").
 """
 
 from collections.abc import Callable, Iterator
-import dataclasses
 from typing import Any
 
 import keras
@@ -27,25 +26,10 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
-from ctl.training import job as job_lib
 from ctl.training import metric_reading
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
 from ctl.training import task_calls
-
-
-def is_coordinator(strategy: tf.distribute.Strategy) -> bool:
-  """Whether this process coordinates parameter-server training."""
-  return isinstance(strategy,
-                    tf.distribute.experimental.ParameterServerStrategy)
-
-
-def evaluation_job(job: job_lib.Job) -> job_lib.Job:
-  """The job evaluation runs in: on the chief's own device, reading the
-  servers' variables (the workers only train)."""
-  if not is_coordinator(job.strategy):
-    return job
-  return dataclasses.replace(job, strategy=tf.distribute.get_strategy())
 
 
 class PerWorkerInput:
@@ -58,7 +42,7 @@ class PerWorkerInput:
   partitions = None
 
   def __init__(self, strategy: tf.distribute.Strategy, train_data: Any,
-               make_data: Callable[[tf.distribute.InputContext], Any], *,
+               make_data: Callable[[tf.distribute.InputContext], Any],
                global_batch_size: int):
     """Args as named; train_data: what the task's train_data returned on
     the chief; make_data: the task's train_data, called again on each
@@ -118,20 +102,18 @@ class ParameterServerRunner:
   """A loop of the task's train_step, split over the workers; has
   steps.StepRunner's train_loop."""
 
-  def __init__(self, *, strategy: tf.distribute.Strategy,
-               task: task_lib.Task, state: state_lib.TrainState,
-               options: steps_lib.StepOptions,
-               train_metrics: metric_reading.MetricReader,
-               num_workers: int):
-    """Args as for steps.StepRunner; num_workers: the workers the loop's
-    steps are split over."""
+  def __init__(self, strategy: tf.distribute.Strategy, task: task_lib.Task,
+               state: state_lib.TrainState, options: steps_lib.StepOptions,
+               train_metrics: metric_reading.MetricReader):
+    """Args as for steps.StepRunner."""
     self._strategy = strategy
     self._coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     self._task = task
     self._state = state
     self._options = options
     self._train_metrics = train_metrics
-    self._num_workers = num_workers
+    # The workers the loop's steps are split over.
+    self._num_workers = strategy.extended._num_workers  # pylint: disable=protected-access
     self._optimizers = _optimizers(task)
     self._worker_steps = tf.function(self._steps_on_worker, autograph=False)
     self._loop_logs = tf.function(

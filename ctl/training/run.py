@@ -28,7 +28,6 @@ from ctl.runtime import workdir as workdir_lib
 from ctl.training import checkpoint_evaluation
 from ctl.training import failures
 from ctl.training import job as job_lib
-from ctl.training import parameter_servers
 from ctl.training import speed as speed_lib
 from ctl.training import trainer as trainer_lib
 
@@ -83,7 +82,7 @@ def train_and_evaluate(
             job=job_lib.Job(strategy, role, watchdog, status),
             process=job_lib.Process(stop_signal, workdir_lock, started))
         results, finished_now = trainer.run()
-      if parameter_servers.is_coordinator(strategy):
+      if distribution.is_parameter_server(strategy):
         ps_cluster.mark_job_done(workdir)  # Its workers and servers leave.
       if on_finish:
         on_finish(role, finished_now)
