@@ -38,18 +38,6 @@ class Job:
   status: worker_status.WorkerStatus = dataclasses.field(
       default_factory=_no_status)
 
-  @property
-  def on_parameter_servers(self) -> bool:
-    """Whether this is the chief of parameter-server training."""
-    return distribution.is_parameter_server(self.strategy)
-
-  def for_evaluation(self) -> 'Job':
-    """The job evaluation runs in: a parameter-server job's chief
-    evaluates on its own device, reading the servers' variables."""
-    if not self.on_parameter_servers:
-      return self
-    return dataclasses.replace(self, strategy=tf.distribute.get_strategy())
-
 
 @dataclasses.dataclass(frozen=True)
 class Process:

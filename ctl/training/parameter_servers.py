@@ -19,6 +19,7 @@ loop's start and end (`_set_iterations`; BUILD.md, "Parameter servers").
 """
 
 from collections.abc import Callable, Iterator
+import dataclasses
 from typing import Any
 
 import keras
@@ -26,10 +27,17 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
+from ctl.training import job as job_lib
 from ctl.training import metric_reading
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
 from ctl.training import task_calls
+
+
+def evaluation_job(job: job_lib.Job) -> job_lib.Job:
+  """The job evaluation runs in: the chief evaluates on its own device,
+  reading the servers' variables (the workers only train)."""
+  return dataclasses.replace(job, strategy=tf.distribute.get_strategy())
 
 
 class PerWorkerInput:

@@ -62,12 +62,8 @@ def train_and_evaluate(
   """
   started = speed_lib.process_start_time()
   task_class, strategy, role = _set_up(config)
-  if strategy is None:  # A parameter-server job's worker or server.
-    return distribution.serve_parameter_server_task(config.distribution,
-                                                    workdir)
-  if role.task_type == 'evaluator':
-    return _evaluate_as_side_car(config, workdir, strategy, role,
-                                 on_finish)
+  if strategy is None or role.task_type == 'evaluator':
+    return _serve_or_evaluate(config, workdir, strategy, role, on_finish)
   _log_place_in_cluster(role, strategy)
   timeout_seconds = config.distribution.timeout_seconds
   watchdog, status, dumps = _watchdog_and_status(config, workdir, role)
@@ -188,9 +184,13 @@ def _record_end(status: worker_status.WorkerStatus, results: dict) -> None:
                 stopped and stopped['reason'], 0)
 
 
-def _evaluate_as_side_car(config, workdir, strategy, role,
-                          on_finish) -> dict:
-  """The cluster's evaluator task: evaluates each checkpoint of the chief."""
+def _serve_or_evaluate(config, workdir, strategy, role, on_finish) -> dict:
+  """A task that does not train: a parameter-server job's worker or server
+  serves (strategy None); the cluster's evaluator task evaluates each
+  checkpoint of the chief."""
+  if strategy is None:
+    return distribution.serve_parameter_server_task(config.distribution,
+                                                    workdir)
   results = checkpoint_evaluation.evaluate_continuously(config, workdir,
                                                         strategy)
   if on_finish and results.get('finished'):

@@ -97,14 +97,14 @@ class Trainer:
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
     self.evaluation = evaluation.for_training(
-        config, workdir, job=job.for_evaluation(), task=self.task, context=self.context,
+        config, workdir, task=self.task, context=self.context, job=(parameter_servers.evaluation_job(job) if distribution.is_parameter_server(strategy) else job),
         eval_batch_size=self.length.eval_batch_size,
         checkpoint=self.checkpoint)
 
   def _build_input(self, assembled: assemble_lib.Assembled) -> None:
     """Chooses XLA and makes the training input."""
     config = self.config
-    if self.job.on_parameter_servers:  # config_checks refuses XLA there.
+    if distribution.is_parameter_server(self.strategy):  # config_checks refuses XLA there.
       self.jit_compile, self.train_input = 'off', parameter_servers.PerWorkerInput(self.strategy, assembled.train_data, self.task.train_data, self.length.global_batch_size)
       return
     in_memory = isinstance(assembled.train_data, task_lib.InMemory)
@@ -210,7 +210,7 @@ class Trainer:
         all_reduce_dtype=config.distribution.all_reduce_dtype,
         summary_steps=config.intervals.summary_steps,
         autograph=config.autograph, accumulate_steps=config.accumulate_steps)
-    if self.job.on_parameter_servers:
+    if distribution.is_parameter_server(self.strategy):
       return parameter_servers.ParameterServerRunner(self.strategy, self.task, self.state, options, train_metrics)
     return steps_lib.StepRunner(
         strategy=self.strategy, task=self.task, train_input=self.train_input,

@@ -18,14 +18,14 @@ import helpers
 PS = '--config.distribution.strategy=parameter_server'
 
 
-def _launch(workdir, *args: str, num_workers: int = 2) -> helpers.Watched:
-  """ctl.launch of a chief, num_workers workers and one server training
-  the digits task for 2 epochs (88 steps), its CSV on."""
+def _launch(workdir, *args: str, num_epochs: int = 2) -> helpers.Watched:
+  """ctl.launch of a chief, 2 workers and one server training the digits
+  task (44 steps an epoch), its CSV on."""
   return helpers.Watched([
-      *helpers.ctl_command()[:2], 'ctl.launch', f'--num_workers={num_workers}',
+      *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2',
       '--num_ps=1', '--max_restarts=0', '--', f'--config={helpers.DIGITS}',
-      f'--workdir={workdir}', '--config.num_epochs=2', '--config.log_csv=True',
-      *args])
+      f'--workdir={workdir}', f'--config.num_epochs={num_epochs}',
+      '--config.log_csv=True', *args])
 
 
 def _iterations(workdir) -> int:
@@ -70,6 +70,25 @@ def test_a_killed_worker_leaves_the_step_count_exact(tmp_path):
   os.kill(pid, signal.SIGKILL)  # worker 0.
   assert job.wait() == 0, job.output[-3000:]
   assert helpers.read_results(workdir)['step'] == 88
+
+
+@pytest.mark.slow
+def test_a_sigtermed_chief_saves_exits_42_and_the_same_command_resumes(
+    tmp_path):
+  workdir = tmp_path / 'job'
+  args = ('--config.intervals.log_steps=11',)
+  job = _launch(workdir, *args, num_epochs=4)  # 176 steps.
+  chief = int(job.wait_for(r'started workers with pids \[(\d+)')[1])
+  job.wait_for(r'\[chief\] .*step 22/176', timeout=300)
+  os.kill(chief, signal.SIGTERM)
+  assert job.wait() == 42, job.output[-3000:]
+  saved = helpers.latest_checkpoint_step(workdir)
+  assert 22 <= saved < 176
+  assert f'Stopped by SIGTERM after step {saved} of 176' in job.output
+  again = _launch(workdir, *args, num_epochs=4)
+  assert again.wait() == 0, again.output[-3000:]
+  assert f'Training from step {saved} to 176' in again.output
+  assert helpers.read_results(workdir)['step'] == 176
 
 
 def _config(**fields):
