@@ -75,8 +75,8 @@ def build_strategy(
     CtlError: this task cannot listen at its TF_CONFIG address.
   """
   cluster = _read_cluster(config)
-  has_ps = (cluster is not None and 'ps' in cluster.jobs and  # Else not run.
-            ps_cluster.has_ps(cluster, config.strategy))
+  has_ps = (cluster is not None and 'ps' in cluster.jobs and  # Only then
+            ps_cluster.has_ps(cluster, config.strategy))  # runs ps_cluster.
   if _choose_kind(config.strategy, cluster is not None,
                   has_ps) == 'parameter_server':
     # To the loop, the chief (coordinator) is a job of one worker.

@@ -59,17 +59,21 @@ def test_a_chief_two_workers_and_a_server_train_digits(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_worker_leaves_the_step_count_exact(tmp_path):
+@pytest.mark.parametrize('signum', [signal.SIGKILL, signal.SIGTERM])
+def test_a_worker_lost_mid_run_leaves_the_step_count_exact(tmp_path, signum):
   seed = random.randrange(2**31)
   print(f'seed {seed}')
   kill_after = random.Random(seed).randrange(11, 55, 11)
   workdir = tmp_path / 'job'
   job = _launch(workdir, '--config.intervals.log_steps=11')
-  job.wait_for(rf'\[chief\] .*step {kill_after}/88', timeout=300)
   pid = int(job.wait_for(r'started workers with pids \[(\d+), (\d+)')[2])
-  os.kill(pid, signal.SIGKILL)  # worker 0.
+  job.wait_for(rf'\[chief\] .*step {kill_after}/88', timeout=300)
+  os.kill(pid, signum)  # worker 0.
   assert job.wait() == 0, job.output[-3000:]
   assert helpers.read_results(workdir)['step'] == 88
+  if signum == signal.SIGTERM:  # A preemption notice: it left cleanly.
+    assert ('[worker 0] ctl: preempted: SIGTERM: worker:0 left the job'
+            in job.output)
 
 
 @pytest.mark.slow
