@@ -148,6 +148,19 @@ def num_workers(cluster_strategy: tf.distribute.Strategy) -> int:
   return cluster_strategy.extended._num_workers  # pylint: disable=protected-access
 
 
+def lost_servers(
+    strategy: tf.distribute.experimental.ParameterServerStrategy
+) -> list[str]:
+  """The parameter servers ('ps:0') that no longer listen at their
+  address."""
+  # The strategy keeps its resolver (the public cluster_resolver property
+  # reads the extended's, which ParameterServerStrategy leaves None).
+  resolver = strategy._cluster_resolver  # pylint: disable=protected-access
+  addresses = resolver.cluster_spec().as_dict()['ps']
+  return [f'ps:{index}' for index, address in enumerate(addresses)
+          if not _listens(address)]
+
+
 def _wait_until_listening(cluster: cluster_lib.Cluster,
                           timeout_seconds: float) -> None:
   """Returns once every other task accepts connections at its address."""

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
+from ctl.cluster import ps_cluster
 from ctl.training import job as job_lib
 from ctl.training import metric_reading
 from ctl.training import state as state_lib
@@ -132,7 +133,27 @@ class ParameterServerRunner:
                  read_metrics: bool = False) -> dict[str, Any]:
     """Runs num_steps steps on the workers; as steps.StepRunner.train_loop
     (the requests are this process's alone: the chief is the one worker
-    that runs the loop)."""
+    that runs the loop).
+
+    Raises:
+      PeerFailure: a parameter server was lost (exit code 43): the
+        variables it held since the last checkpoint are gone.
+    """
+    try:
+      return self._train_loop(iterator, num_steps, requests, read_metrics)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
+      lost = ps_cluster.lost_servers(self._strategy)
+      if not lost:
+        raise
+      raise errors.PeerFailure(
+          f'The parameter server(s) {", ".join(lost)} stopped answering: the '
+          'variables they held since the last checkpoint are lost. Start '
+          'the job again (every task): it resumes from the latest '
+          'checkpoint.') from error
+
+  def _train_loop(self, iterator, num_steps: tf.Tensor, requests: tf.Tensor,
+                  read_metrics: bool) -> dict[str, Any]:
+    """train_loop's work."""
     count = int(num_steps)
     first_step = int(self._state.step.numpy())
     _set_iterations(self._optimizers, first_step)

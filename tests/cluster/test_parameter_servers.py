@@ -5,6 +5,7 @@ start."""
 import json
 import os
 import random
+import re
 import signal
 
 import portpicker
@@ -18,12 +19,13 @@ import helpers
 PS = '--config.distribution.strategy=parameter_server'
 
 
-def _launch(workdir, *args: str, num_epochs: int = 2) -> helpers.Watched:
+def _launch(workdir, *args: str, num_epochs: int = 2,
+            restarts: int = 0) -> helpers.Watched:
   """ctl.launch of a chief, 2 workers and one server training the digits
   task (44 steps an epoch), its CSV on."""
   return helpers.Watched([
       *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2',
-      '--num_ps=1', '--max_restarts=0', '--', f'--config={helpers.DIGITS}',
+      '--num_ps=1', f'--max_restarts={restarts}', '--', f'--config={helpers.DIGITS}',
       f'--workdir={workdir}', f'--config.num_epochs={num_epochs}',
       '--config.log_csv=True', *args])
 
@@ -92,6 +94,26 @@ def test_a_sigtermed_chief_saves_exits_42_and_the_same_command_resumes(
   again = _launch(workdir, *args, num_epochs=4)
   assert again.wait() == 0, again.output[-3000:]
   assert f'Training from step {saved} to 176' in again.output
+  assert helpers.read_results(workdir)['step'] == 176
+
+
+@pytest.mark.slow
+def test_a_lost_server_stops_the_chief_with_43_naming_it_then_it_resumes(
+    tmp_path):
+  workdir = tmp_path / 'job'
+  job = _launch(workdir, '--config.intervals.log_steps=11', num_epochs=4,
+                restarts=1)
+  server = int(job.wait_for(r'started workers with pids \[\d+, \d+, \d+, '
+                            r'(\d+)\]')[1])
+  job.wait_for(r'\[chief\] .*Saved .*ckpt-44', timeout=300)
+  os.kill(server, signal.SIGKILL)
+  assert job.wait() == 0, job.output[-3000:]
+  assert ('[chief] ctl: error: The parameter server(s) ps:0 stopped '
+          'answering' in job.output)
+  assert 'workers exited with [43, ' in job.output
+  starts = re.findall(r'\[chief\] .*Training from step (\d+) to 176',
+                      job.output)
+  assert len(starts) == 2 and int(starts[1]) >= 44, starts  # Resumed.
   assert helpers.read_results(workdir)['step'] == 176
 
 
