@@ -131,23 +131,6 @@ def build_coordinator(
   return strategy
 
 
-def coordinator_of(
-    strategy: tf.distribute.Strategy
-) -> tf.distribute.coordinator.ClusterCoordinator | None:
-  """The strategy's ClusterCoordinator; None unless it is a
-  ParameterServerStrategy."""
-  if not isinstance(strategy,
-                    tf.distribute.experimental.ParameterServerStrategy):
-    return None
-  # The constructor returns the strategy's one coordinator.
-  return tf.distribute.coordinator.ClusterCoordinator(strategy)
-
-
-def num_workers(cluster_strategy: tf.distribute.Strategy) -> int:
-  """The workers a ParameterServerStrategy's coordinator schedules on."""
-  return cluster_strategy.extended._num_workers  # pylint: disable=protected-access
-
-
 def lost_servers(
     strategy: tf.distribute.experimental.ParameterServerStrategy
 ) -> list[str]:
