@@ -175,10 +175,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.diagnostics.straggler_seconds = 4.0
 
   config.distribution = ml_collections.ConfigDict()
-  # 'auto' picks multi_worker when the cluster resolver describes a
-  # cluster, mirrored with several GPUs, one_device with one GPU, and
-  # otherwise 'default' (TensorFlow's default strategy, no distribution
-  # overhead).
+  # 'parameter_server': asynchronous training on the cluster's "ps" tasks
+  # (README). 'auto' picks it when the cluster has "ps" tasks, multi_worker
+  # for another cluster, mirrored with several GPUs, one_device with one
+  # GPU, otherwise 'default' (TensorFlow's default strategy, no overhead).
   config.distribution.strategy = 'auto'
   # Where the cluster comes from: 'tf_config' reads the TF_CONFIG variable
   # (ctl.launch and Kubeflow's TFJob set it); 'slurm' the variables srun

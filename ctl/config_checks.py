@@ -25,7 +25,8 @@ from ml_collections import config_flags
 
 from ctl import errors
 
-STRATEGIES = ('auto', 'default', 'one_device', 'mirrored', 'multi_worker')
+STRATEGIES = ('auto', 'default', 'one_device', 'mirrored', 'multi_worker',
+              'parameter_server')
 CLUSTER_RESOLVERS = ('auto', 'tf_config', 'slurm')
 COLLECTIVES = ('AUTO', 'RING', 'NCCL')
 SCHEDULES = ('constant', 'cosine', 'linear')
@@ -88,6 +89,31 @@ def validate(config: ml_collections.ConfigDict) -> None:
         'Set num_epochs or total_steps: both are 0, so there is nothing to '
         'train.')
   check_run_length(config, config.get('steps_per_epoch') or 1)
+  if _get(config, 'distribution.strategy') == 'parameter_server':
+    check_parameter_server(config)
+
+
+def check_parameter_server(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError for what parameter-server training cannot do: the
+  workers update the variables asynchronously, each step on its own
+  worker, in an order no run can repeat."""
+  if config.get('deterministic'):
+    raise errors.ConfigError(
+        "config.deterministic=True cannot work with distribution.strategy="
+        "'parameter_server': the workers update the weights asynchronously, "
+        'in an order (and with data) no run can repeat. Set '
+        "config.deterministic=False, or use another strategy.")
+  if config.get('jit_compile') in ('step', 'loop'):
+    raise errors.ConfigError(
+        f'config.jit_compile={config.jit_compile!r} cannot work with '
+        "distribution.strategy='parameter_server' yet: a step reads and "
+        "writes variables on the servers. Use 'off' or 'auto'.")
+  if config.get('accumulate_steps', 1) > 1:
+    raise errors.ConfigError(
+        f'config.accumulate_steps={config.accumulate_steps} cannot work with '
+        "distribution.strategy='parameter_server' yet: set it to 1 (each "
+        'worker applies its own steps; a larger batch_size does what '
+        'accumulation would).')
 
 
 # TensorFlow counts steps and numbers examples in 64-bit integers.

@@ -15,6 +15,12 @@ they save a checkpoint at the step they reached and the launcher exits with
 exits with 130, as `ctl.main` does (the latest whole checkpoint is the one
 to resume from).
 
+With --num_ps=K the job is a parameter-server job: a chief (the
+coordinator), N workers and K servers, printed as `[chief]`, `[worker i]`,
+`[ps i]`. Its exit code is the chief's: a worker that dies does not stop
+it (the chief runs its steps on the others); when the chief stops, the
+others are told to stop too (SIGTERM), unless it finished.
+
 Exit codes: 0 when training finished; 130 after a second Ctrl-C; otherwise
 the code that stopped the last attempt (42 preempted, 43 a worker failed, 1
 or 2 from ctl.main).
@@ -43,6 +49,10 @@ from ctl.runtime import subprocesses
 
 _NUM_WORKERS = flags.DEFINE_integer('num_workers', 2, 'Workers to start.',
                                     lower_bound=1)
+_NUM_PS = flags.DEFINE_integer(
+    'num_ps', 0, 'Parameter servers to start: with any, the job is a chief '
+    "(the coordinator), --num_workers workers and these servers "
+    "(distribution.strategy='parameter_server').", lower_bound=0)
 _MAX_RESTARTS = flags.DEFINE_integer(
     'max_restarts', 3, 'Restarts after a preemption or a worker failure.',
     lower_bound=0)
@@ -66,8 +76,9 @@ def main(argv: list[str]) -> None:
     while not interrupts.count:
       attempt += 1
       codes = _Job(_NUM_WORKERS.value, worker_args, attempt, console,
-                   interrupts).run()
-      code = job_exit_code(codes)
+                   interrupts, num_ps=_NUM_PS.value).run()
+      # A parameter-server job is its chief's: workers may come and go.
+      code = codes[0] if _NUM_PS.value else job_exit_code(codes)
       if code == 0:
         console.say(f'attempt {attempt}: training finished')
         sys.exit(0)
@@ -118,6 +129,20 @@ def tf_configs(num_workers: int) -> list[str]:
                   'task': {'type': 'worker', 'index': index}})
       for index in range(num_workers)
   ]
+
+
+def ps_tf_configs(num_workers: int, num_ps: int) -> list[tuple[str, str]]:
+  """(name, TF_CONFIG) of a parameter-server job's tasks, on free localhost
+  ports: the chief first, then the workers, then the servers."""
+  ports = iter(_free_ports(1 + num_workers + num_ps))
+  cluster = {job: [f'localhost:{next(ports)}' for _ in range(count)]
+             for job, count in (('chief', 1), ('worker', num_workers),
+                                ('ps', num_ps))}
+  return [(f'{job} {index}' if job != 'chief' else 'chief',
+           json.dumps({'cluster': cluster,
+                       'task': {'type': job, 'index': index}}))
+          for job, addresses in cluster.items()
+          for index in range(len(addresses))]
 
 
 def _free_ports(count: int) -> list[int]:
@@ -186,8 +211,9 @@ class _Job:
   """One attempt: N workers started together, watched until all have exited."""
 
   def __init__(self, num_workers: int, worker_args: list[str], attempt: int,
-               console: _Console, interrupts: _Interrupts):
+               console: _Console, interrupts: _Interrupts, num_ps: int = 0):
     self._num_workers = num_workers
+    self._num_ps = num_ps
     self._worker_args = worker_args
     self._attempt = attempt
     self._console = console
@@ -195,15 +221,19 @@ class _Job:
     self._processes = []
 
   def run(self) -> list[int]:
-    """Starts the workers; returns their exit codes (-N: killed by signal N)."""
-    for tf_config in tf_configs(self._num_workers):
+    """Starts the workers; returns their exit codes (-N: killed by signal N;
+    a parameter-server job's chief first)."""
+    tasks = (ps_tf_configs(self._num_workers, self._num_ps) if self._num_ps
+             else [(f'worker {index}', tf_config) for index, tf_config
+                   in enumerate(tf_configs(self._num_workers))])
+    for _, tf_config in tasks:
       env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED='1')
       self._processes.append(subprocesses.start(
           [sys.executable, '-m', 'ctl.main', *self._worker_args], env=env,
           stdout=subprocess.PIPE))
     # Started after every fork, so that no thread runs while one happens.
-    readers = [self._relay(process.stdout, f'[worker {index}] ')
-               for index, process in enumerate(self._processes)]
+    readers = [self._relay(process.stdout, f'[{name}] ')
+               for (name, _), process in zip(tasks, self._processes)]
     self._console.say(f'attempt {self._attempt}: started workers with pids '
                       f'{[process.pid for process in self._processes]}')
     self._interrupts.watch(self)
@@ -233,14 +263,21 @@ class _Job:
     return reader
 
   def _wait(self) -> list[int]:
-    """Waits for every worker; kills the rest some time after one fails."""
+    """Waits for every worker; kills the rest some time after one fails
+    (in a parameter-server job, after the chief ended: the others are told
+    to stop at once unless it finished, when they leave by themselves)."""
     first_failure = None
     killed = False
     while True:
       codes = [process.poll() for process in self._processes]
       if all(code is not None for code in codes):
         return codes
-      if first_failure is None and any(code for code in codes):
+      if self._num_ps:
+        if first_failure is None and codes[0] is not None:
+          first_failure = time.monotonic()
+          if codes[0]:
+            self.signal_all(signal.SIGTERM)
+      elif first_failure is None and any(code for code in codes):
         first_failure = time.monotonic()
       # Once: the killed take a moment to be gone, and this loop goes on.
       if (first_failure is not None and not killed and

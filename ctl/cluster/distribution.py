@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from ctl.cluster import coordination
 from ctl.cluster import tf_config as cluster_lib
+from ctl.cluster import ps_cluster
 from ctl.cluster import rendezvous
 from ctl.cluster import slurm
 from ctl.runtime import tf_internals
@@ -74,6 +75,14 @@ def build_strategy(
     CtlError: this task cannot listen at its TF_CONFIG address.
   """
   cluster = _read_cluster(config)
+  has_ps = (cluster is not None and 'ps' in cluster.jobs and  # Only then
+            ps_cluster.has_ps(cluster, config.strategy))  # runs ps_cluster.
+  if _choose_kind(config.strategy, cluster is not None,
+                  has_ps) == 'parameter_server':
+    # To the loop, the chief (coordinator) is a job of one worker.
+    return ps_cluster.build(config, cluster), Role(
+        task_type=cluster.task_type, task_id=cluster.task_index,
+        num_workers=1, is_chief=cluster.task_type == 'chief')
   if cluster is not None and cluster.task_type == 'evaluator':
     logging.info('Cluster: this task is %s, the evaluator: it evaluates the '
                  "chief's checkpoints on its own devices, outside training.",
@@ -93,6 +102,19 @@ def build_strategy(
   # A single process waits for no one: its start-up needs no guard.
   return _local_strategy(kind), Role(task_type=None, task_id=0,
                                      num_workers=1, is_chief=True)
+
+
+def is_parameter_server(strategy: tf.distribute.Strategy | None) -> bool:
+  """Whether strategy coordinates parameter-server training."""
+  return isinstance(strategy,
+                    tf.distribute.experimental.ParameterServerStrategy)
+
+
+def serve_parameter_server_task(config: ml_collections.ConfigDict,
+                                workdir: str) -> dict:
+  """A parameter-server job's worker or server task: serves until the
+  chief marks the job done (ctl/cluster/ps_cluster.py)."""
+  return ps_cluster.serve(config, workdir, _read_cluster(config))
 
 
 def local_strategy(config: ml_collections.ConfigDict
@@ -290,10 +312,13 @@ def _local_devices() -> list[str]:
   return [device.name for device in devices]
 
 
-def _choose_kind(strategy: str, has_cluster: bool) -> str:
+def _choose_kind(strategy: str, has_cluster: bool,
+                 has_ps: bool = False) -> str:
   """Resolves 'auto' to a concrete strategy kind."""
   if strategy != 'auto':
     return strategy
+  if has_ps:
+    return 'parameter_server'
   if has_cluster:
     return 'multi_worker'
   num_gpus = len(tf.config.list_physical_devices('GPU'))

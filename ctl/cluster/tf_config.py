@@ -15,9 +15,10 @@ from absl import logging
 
 from ctl import errors
 
-# The jobs MultiWorkerMirroredStrategy knows, and how many tasks each may
-# have (None: any number). An evaluator is not part of training.
-MAX_TASKS = {'chief': 1, 'worker': None, 'evaluator': 1}
+# The jobs ctl's strategies know, and how many tasks each may have (None:
+# any number). An evaluator is not part of training; "ps" tasks (parameter
+# servers) belong to distribution.strategy='parameter_server' only.
+MAX_TASKS = {'chief': 1, 'worker': None, 'evaluator': 1, 'ps': None}
 TRAINING_JOBS = ('chief', 'worker')
 
 EXAMPLE = ('{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
@@ -152,14 +153,11 @@ def _check_jobs(cluster) -> dict[str, tuple[str, ...]]:
                  f'addresses, not {_shorten(json.dumps(cluster))}')
   for job, addresses in cluster.items():
     name = _shorten(json.dumps(job))
-    if job == 'ps':
-      raise _error('names a "ps" job: parameter servers belong to '
-                   'ParameterServerStrategy, which ctl does not run; '
-                   'MultiWorkerMirroredStrategy has no "ps" tasks')
     if job not in MAX_TASKS:
-      raise _error(f'names the job {name}, which MultiWorkerMirroredStrategy '
-                   'does not know: its jobs are "chief" (at most one task), '
-                   '"worker" and "evaluator" (at most one task)')
+      raise _error(f'names the job {name}, which ctl does not know: its '
+                   'jobs are "chief" (at most one task), "worker", '
+                   '"evaluator" (at most one task) and "ps" (parameter '
+                   'servers)')
     if not isinstance(addresses, list) or not addresses:
       raise _error(f'job {name} must be a non-empty list of "host:port" '
                    f'addresses, not {_shorten(json.dumps(addresses))}')

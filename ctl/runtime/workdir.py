@@ -17,6 +17,8 @@
                                report, the chief's (cluster/worker_timings.py)
     workdir/diagnostics/worker-<i>-<pid>.txt   a worker's stacks and what it
                                knew of its peers (on a hang, or SIGUSR1)
+    workdir/job_done           a parameter-server job's end, written by the
+                               chief for its serving tasks (cluster/ps_cluster.py)
 
 Each path is defined here, once; and so are a ctl process's scratch
 folders in this machine's temporary directory:
@@ -106,6 +108,12 @@ def mlflow_pending_path(workdir: str) -> str:
   """Values queued for MLflow that it has not acknowledged, a JSON line
   each: sent by the next run when this one is killed (config.mlflow)."""
   return os.path.join(workdir, 'mlflow_pending.jsonl')
+
+
+def job_done_path(workdir: str) -> str:
+  """Where a parameter-server job's chief marks the job's end: its workers
+  and servers stop serving (ctl/cluster/ps_cluster.py)."""
+  return os.path.join(workdir, 'job_done')
 
 
 def workers_dir(workdir: str) -> str:

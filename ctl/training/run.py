@@ -20,6 +20,7 @@ from ctl.cluster import diagnostics
 from ctl.cluster import distribution
 from ctl.cluster import input_wait
 from ctl.cluster import peer_evidence
+from ctl.cluster import ps_cluster
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.cluster import worker_status
 from ctl.cluster import worker_timings
@@ -63,9 +64,8 @@ def train_and_evaluate(
   """
   start_up = start_up or tf_process.process_start_up()
   task_class, strategy, role = _set_up(config)
-  if role.task_type == 'evaluator':
-    return _evaluate_as_side_car(config, workdir, strategy, role,
-                                 on_finish)
+  if strategy is None or role.task_type == 'evaluator':
+    return _serve_or_evaluate(config, workdir, strategy, role, on_finish)
   _log_place_in_cluster(role, strategy)
   timeout_seconds = config.distribution.timeout_seconds
   watchdog, status, dumps = _watchdog_and_status(config, workdir, role)
@@ -80,6 +80,8 @@ def train_and_evaluate(
             job=job_lib.Job(strategy, role, watchdog, status),
             process=job_lib.Process(stop_signal, workdir_lock, start_up))
         results, finished_now = trainer.run()
+      if distribution.is_parameter_server(strategy):
+        ps_cluster.mark_job_done(workdir)  # Its workers and servers leave.
       if on_finish:
         on_finish(role, finished_now)
     except errors.Preempted:
@@ -104,11 +106,13 @@ def _dump_on_signal(
 
 def _set_up(
     config: ml_collections.ConfigDict
-) -> tuple[type, tf.distribute.Strategy, distribution.Role]:
+) -> tuple[type, tf.distribute.Strategy | None, distribution.Role]:
   """Checks the config, sets TensorFlow up for it and builds the strategy.
 
   Returns:
-    The task's class, the strategy and this task's place in the cluster.
+    The task's class, the strategy (None for a parameter-server job's
+    worker or server, which only serves) and this task's place in the
+    cluster.
 
   Raises:
     ConfigError: the config cannot work; nothing was written.
@@ -190,9 +194,13 @@ def _record_end(status: worker_status.WorkerStatus, results: dict) -> None:
                 stopped and stopped['reason'], 0)
 
 
-def _evaluate_as_side_car(config, workdir, strategy, role,
-                          on_finish) -> dict:
-  """The cluster's evaluator task: evaluates each checkpoint of the chief."""
+def _serve_or_evaluate(config, workdir, strategy, role, on_finish) -> dict:
+  """A task that does not train: a parameter-server job's worker or server
+  serves (strategy None); the cluster's evaluator task evaluates each
+  checkpoint of the chief."""
+  if strategy is None:
+    return distribution.serve_parameter_server_task(config.distribution,
+                                                    workdir)
   results = checkpoint_evaluation.evaluate_continuously(config, workdir,
                                                         strategy)
   if on_finish and results.get('finished'):

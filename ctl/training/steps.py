@@ -55,6 +55,17 @@ class StepOptions:
   autograph: bool = True
   accumulate_steps: int = 1
 
+  @classmethod
+  def from_config(cls, config: Any, length: state_lib.TrainingLength,
+                  jit_compile: str) -> 'StepOptions':
+    """The options a run's config and length give, XLA as resolved."""
+    return cls(
+        global_batch_size=length.global_batch_size, seed=config.seed,
+        steps_per_epoch=length.steps_per_epoch, jit_compile=jit_compile,
+        all_reduce_dtype=config.distribution.all_reduce_dtype,
+        summary_steps=config.intervals.summary_steps,
+        autograph=config.autograph, accumulate_steps=config.accumulate_steps)
+
 
 class StepRunner:
   """A task's train_step looped inside tf.functions, with the step context."""

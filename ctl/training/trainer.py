@@ -35,11 +35,12 @@ from ctl.training import evaluation
 from ctl.training import job as job_lib
 from ctl.training import loop as loop_lib
 from ctl.training import loop_plan
-from ctl.training import task_calls
+from ctl.training import parameter_servers
 from ctl.training import pruning
 from ctl.training import report
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
+from ctl.training import task_calls
 
 When = actions_lib.When
 
@@ -50,15 +51,10 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, *,
                task_class: type[task_lib.Task], job: job_lib.Job,
                process: job_lib.Process):
-    """Args as named.
-
-    Args:
-      job: the strategy, this worker's role, its watchdog (bounds each wait
-        for a peer: told of each step, loop, action and evaluation batch)
-        and its status file.
-      process: SIGTERM's stop signal, the workdir's lock, when the process
-        started.
-    """
+    """Args as named; job: the strategy, this worker's role, its watchdog
+    (bounds each wait for a peer: told of each step, loop, action and
+    evaluation batch) and its status file; process: SIGTERM's stop signal,
+    the workdir's lock, the run's start-up."""
     self.config = config
     self.workdir = workdir
     self.job, self.process = job, process
@@ -97,13 +93,21 @@ class Trainer:
     self.loop = None  # The TrainLoop, once training starts.
     self._stopped = None  # An action's stop, restored from the checkpoint.
     self.evaluation = evaluation.for_training(
-        config, workdir, job=job, task=self.task, context=self.context,
+        config, workdir, task=self.task, context=self.context,
+        job=(parameter_servers.evaluation_job(job)
+             if distribution.is_parameter_server(strategy) else job),
         eval_batch_size=self.length.eval_batch_size,
         checkpoint=self.checkpoint)
 
   def _build_input(self, assembled: assemble_lib.Assembled) -> None:
     """Chooses XLA and makes the training input."""
     config = self.config
+    if distribution.is_parameter_server(self.strategy):
+      self.jit_compile = 'off'  # config_checks refuses XLA there.
+      self.train_input = parameter_servers.PerWorkerInput(
+          self.strategy, assembled.train_data, self.task.train_data,
+          self.length.global_batch_size)
+      return
     in_memory = isinstance(assembled.train_data, task_lib.InMemory)
     self.jit_compile = steps_lib.resolve_xla(
         config.jit_compile, num_replicas=self.strategy.num_replicas_in_sync,
@@ -202,14 +206,11 @@ class Trainer:
         self.train_input.make_iterator(one_step))
 
   def _step_runner(self, train_metrics) -> steps_lib.StepRunner:
-    config = self.config
-    options = steps_lib.StepOptions(
-        global_batch_size=self.length.global_batch_size, seed=config.seed,
-        steps_per_epoch=self.length.steps_per_epoch,
-        jit_compile=self.jit_compile,
-        all_reduce_dtype=config.distribution.all_reduce_dtype,
-        summary_steps=config.intervals.summary_steps,
-        autograph=config.autograph, accumulate_steps=config.accumulate_steps)
+    options = steps_lib.StepOptions.from_config(self.config, self.length,
+                                                self.jit_compile)
+    if distribution.is_parameter_server(self.strategy):
+      return parameter_servers.ParameterServerRunner(
+          self.strategy, self.task, self.train_state, options, train_metrics)
     return steps_lib.StepRunner(
         strategy=self.strategy, task=self.task, train_input=self.train_input,
         state=self.train_state, options=options, train_metrics=train_metrics,

@@ -55,7 +55,6 @@ MALFORMED = {
     'address not a string': (
         '{"cluster": {"worker": [2222]}, "task": {"type": "worker", '
         '"index": 0}}', 'an address is "host:port"'),
-    'ps job': (_workers('localhost:1', ps=['localhost:2']), '"ps" job'),
     'unknown job': (_workers('localhost:1', master=['localhost:2']),
                     'names the job "master"'),
     'two chiefs': (_workers('localhost:1', chief=['h:2', 'h:3']),

@@ -1,0 +1,247 @@
+"""Parameter-server jobs (distribution.strategy='parameter_server').
+
+The chief is the coordinator: `build_coordinator` waits (bounded, SIGTERM
+stops it) until every worker and server listens, then builds
+tf.distribute.experimental.ParameterServerStrategy and its
+tf.distribute.coordinator.ClusterCoordinator, which schedules the steps
+(ctl/training/parameter_servers.py). The tasks of type 'worker' and 'ps'
+only run TensorFlow's server (`serve`): the coordinator runs their work
+on them. They serve until the chief writes the job's end in the workdir
+(`mark_job_done`), or until SIGTERM.
+"""
+
+import os
+import signal
+import socket
+import threading
+import time
+
+from absl import logging
+import ml_collections
+import tensorflow as tf
+
+from ctl import errors
+from ctl import storage
+from ctl.cluster import tf_config as cluster_lib
+from ctl.runtime import workdir as workdir_lib
+
+# The tasks that only serve: the coordinator runs steps on the workers and
+# keeps the variables on the servers ('ps').
+SERVER_JOBS = ('worker', 'ps')
+PS_JOBS = ('chief', 'worker', 'ps')
+# How often a serving task looks for the job's end, and the chief for a
+# task that does not listen yet.
+_POLL_SECONDS = 0.5
+# How long a serving task waits, once the chief marked the job done, for
+# the chief's process to end: the coordinator still talks to the workers
+# and servers as it exits (it removes its functions from them).
+_LEAVE_AFTER_SECONDS = 60.0
+# What a serving task's TensorFlow server runs its ops with: one inter-op
+# thread hung an in-process cluster (TF_NOTES.md).
+_INTER_OP_THREADS = 4
+
+
+def has_ps(cluster: cluster_lib.Cluster | None, strategy: str) -> bool:
+  """Whether the cluster has parameter servers.
+
+  Raises:
+    ConfigError: it has, and strategy is neither 'auto' nor
+      'parameter_server'.
+  """
+  if cluster is None or 'ps' not in cluster.jobs:
+    return False
+  if strategy not in ('auto', 'parameter_server'):
+    raise errors.ConfigError(
+        f'{cluster.source} names "ps" tasks (parameter servers), but '
+        f'distribution.strategy={strategy!r}: set it to '
+        "'parameter_server' or 'auto', or remove the \"ps\" job.")
+  return True
+
+
+def build(config: ml_collections.ConfigDict,
+          cluster: cluster_lib.Cluster | None
+          ) -> tf.distribute.experimental.ParameterServerStrategy | None:
+  """The chief's strategy (`build_coordinator`); None for a worker or
+  server, which only serves (`serve`).
+
+  Raises:
+    ConfigError: no cluster, or one parameter servers cannot run.
+  """
+  if cluster is None:
+    raise errors.ConfigError(
+        "distribution.strategy='parameter_server' needs a cluster with "
+        '"chief", "worker" and "ps" tasks, but '
+        f'{config.cluster_resolver!r} found none: set TF_CONFIG, or start '
+        'the job with ctl.launch --num_workers=N --num_ps=K.')
+  check_cluster(cluster)
+  if is_server(cluster.task_type):
+    return None
+  return build_coordinator(config, cluster)
+
+
+def check_cluster(cluster: cluster_lib.Cluster) -> None:
+  """Raises ConfigError unless the cluster can run parameter-server
+  training: one chief (the coordinator), workers, servers, no evaluator."""
+  missing = [job for job in PS_JOBS if job not in cluster.jobs]
+  if missing:
+    raise errors.ConfigError(
+        f"distribution.strategy='parameter_server' needs the jobs "
+        f'"chief" (the coordinator), "worker" and "ps" in {cluster.source}; '
+        f'it has no {" or ".join(json_name(job) for job in missing)}. '
+        'ctl.launch --num_workers=N --num_ps=K starts such a job.')
+  others = sorted(set(cluster.jobs) - set(PS_JOBS))
+  if others:
+    raise errors.ConfigError(
+        "distribution.strategy='parameter_server' runs the jobs chief, "
+        f'worker and ps; {cluster.source} also names '
+        f'{", ".join(json_name(job) for job in others)}, which it cannot run '
+        'yet (evaluation runs on the chief): remove it.')
+
+
+def json_name(job: str) -> str:
+  """A job's name quoted as in TF_CONFIG."""
+  return f'"{job}"'
+
+
+def is_server(task_type: str | None) -> bool:
+  """Whether a task of this type only serves (a worker or a ps task)."""
+  return task_type in SERVER_JOBS
+
+
+def build_coordinator(
+    config: ml_collections.ConfigDict, cluster: cluster_lib.Cluster
+) -> tf.distribute.experimental.ParameterServerStrategy:
+  """The chief's strategy, once every other task listens; its
+  ClusterCoordinator is made with it (one per strategy).
+
+  Raises:
+    PeerFailure: a task did not listen within
+      config.startup_timeout_seconds.
+    Preempted: SIGTERM came while the chief waited.
+  """
+  _wait_until_listening(cluster, config.startup_timeout_seconds)
+  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec({job: list(cluster.jobs[job]) for job in PS_JOBS}),
+      task_type=cluster.task_type, task_id=cluster.task_index,
+      rpc_layer='grpc')
+  strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+  tf.distribute.coordinator.ClusterCoordinator(strategy)
+  logging.info('Coordinating %d worker(s) and %d parameter server(s).',
+               len(cluster.jobs['worker']), len(cluster.jobs['ps']))
+  return strategy
+
+
+def lost_servers(
+    strategy: tf.distribute.experimental.ParameterServerStrategy
+) -> list[str]:
+  """The parameter servers ('ps:0') that no longer listen at their
+  address."""
+  # The strategy keeps its resolver (the public cluster_resolver property
+  # reads the extended's, which ParameterServerStrategy leaves None).
+  resolver = strategy._cluster_resolver  # pylint: disable=protected-access
+  addresses = resolver.cluster_spec().as_dict()['ps']
+  return [f'ps:{index}' for index, address in enumerate(addresses)
+          if not _listens(address)]
+
+
+def _wait_until_listening(cluster: cluster_lib.Cluster,
+                          timeout_seconds: float) -> None:
+  """Returns once every other task accepts connections at its address."""
+  waiting = [f'{job}:{index}' for job in PS_JOBS
+             for index in range(len(cluster.jobs[job]))
+             if (job, index) != (cluster.task_type, cluster.task_index)]
+  started = time.monotonic()
+  with _Stop() as stop:
+    while waiting:
+      waiting = [task for task in waiting
+                 if not _listens(cluster.address_of(task))]
+      if not waiting:
+        break
+      if stop.event.is_set():
+        raise errors.Preempted(
+            'SIGTERM while the chief waited for the workers and servers to '
+            'start: nothing was trained or written.')
+      if timeout_seconds and time.monotonic() - started > timeout_seconds:
+        raise errors.PeerFailure(
+            f'{", ".join(waiting)} did not start within {timeout_seconds:g} '
+            's (distribution.startup_timeout_seconds): nothing listens at '
+            f'{", ".join(cluster.address_of(task) for task in waiting)}. '
+            'Start them, then the chief again.')
+      stop.event.wait(_POLL_SECONDS)
+
+
+def _listens(address: str) -> bool:
+  """Whether something accepts a TCP connection at "host:port"."""
+  host, _, port = address.rpartition(':')
+  try:
+    with socket.create_connection((host.strip('[]'), int(port)), timeout=2):
+      return True
+  except OSError:
+    return False
+
+
+def serve(config: ml_collections.ConfigDict, workdir: str,
+          cluster: cluster_lib.Cluster) -> dict:
+  """A worker's or server's life: TensorFlow's server, until the chief
+  marks the job done and has exited (returns), or SIGTERM (raises
+  Preempted: exit 42).
+
+  Args:
+    config: the `distribution` section (not read yet: the same config on
+      every task).
+    workdir: where the chief marks the job's end.
+    cluster: the job, and which task of it this is.
+  """
+  del config
+  before = storage.read_text(workdir_lib.job_done_path(workdir))
+  server = tf.distribute.Server(
+      tf.train.ClusterSpec({job: list(cluster.jobs[job]) for job in PS_JOBS}),
+      job_name=cluster.task_type, task_index=cluster.task_index,
+      protocol='grpc',
+      config=tf.compat.v1.ConfigProto(
+          inter_op_parallelism_threads=_INTER_OP_THREADS), start=True)
+  logging.info('Serving as %s at %s until the chief marks the job done (%s) '
+               'or SIGTERM.', cluster.task_name, cluster.address,
+               workdir_lib.job_done_path(workdir))
+  done_since = None
+  with _Stop() as stop:
+    while not stop.event.wait(_POLL_SECONDS):
+      if done_since is None:
+        done = storage.read_text(workdir_lib.job_done_path(workdir))
+        done_since = time.monotonic() if done and done != before else None
+      elif (not _listens(cluster.address_of('chief:0')) or
+            time.monotonic() - done_since > _LEAVE_AFTER_SECONDS):
+        logging.info('The chief marked the job done: %s leaves (its server '
+                     'served at %s).', cluster.task_name, server.target)
+        return {'served': cluster.task_name}
+  raise errors.Preempted(
+      f'SIGTERM: {cluster.task_name} left the job; the coordinator runs its '
+      'steps on the other workers. Start it again to rejoin.')
+
+
+def mark_job_done(workdir: str) -> None:
+  """The chief's word to the serving tasks that the job is over."""
+  storage.write_text(workdir_lib.job_done_path(workdir),
+                     f'{time.time_ns()} {os.getpid()}\n')
+
+
+class _Stop:
+  """A context in which SIGTERM sets an event instead of killing (on the
+  main thread; elsewhere SIGTERM is left as it is)."""
+
+  def __init__(self):
+    self.event = threading.Event()
+    self._previous = None
+
+  def __enter__(self) -> '_Stop':
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM,
+                                     lambda *_: self.event.set())
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+    elif threading.current_thread() is threading.main_thread():
+      # None: a handler not installed from Python; the default then.
+      signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,0 +1,256 @@
+"""Parameter-server training: the chief's loop of steps, run on the workers.
+
+With distribution.strategy='parameter_server' the chief coordinates
+(ctl/cluster/ps_cluster.py): `ParameterServerRunner.train_loop` is the
+step runner behind the TrainLoop (ctl/training/loop.py), as
+steps.StepRunner is for the other strategies. A loop of n steps is split
+over the workers, one closure each (`coordinator.schedule`), each closure
+running its share of the task's own `train_step` from the worker's own
+dataset (`PerWorkerInput`) and returning how many steps it ran. The
+run's step advances by the sum of what the closures returned, once every
+closure of the loop is done (`coordinator.join`): a closure lost with its
+worker is run again on another worker, and only the closures that
+finished are counted, so the step is exact whatever the workers do.
+
+The Keras optimizer's own step counter (`optimizer.iterations`, which its
+learning-rate schedule and Adam's bias correction read) loses increments
+when workers update it at once: it is set from the run's step at each
+loop's start and end (`_set_iterations`; BUILD.md, "Parameter servers").
+"""
+
+from collections.abc import Callable, Iterator
+import dataclasses
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from ctl import errors
+from ctl import task as task_lib
+from ctl.cluster import ps_cluster
+from ctl.training import job as job_lib
+from ctl.training import state as state_lib
+from ctl.training import steps as steps_lib
+from ctl.training import task_calls
+
+
+def evaluation_job(job: job_lib.Job) -> job_lib.Job:
+  """The job evaluation runs in: the chief evaluates on its own device,
+  reading the servers' variables (the workers only train)."""
+  return dataclasses.replace(job, strategy=tf.distribute.get_strategy())
+
+
+class PerWorkerInput:
+  """The task's training data, a dataset on each worker, each in its own
+  shuffled order (asynchronous training has no one order to keep)."""
+
+  kind = "each worker's own pass over the task's data"
+  checkpointable = {}  # No position can be saved: see README.
+  dataset = None
+  partitions = None
+
+  def __init__(self, strategy: tf.distribute.Strategy, train_data: Any,
+               make_data: Callable[[tf.distribute.InputContext], Any],
+               global_batch_size: int):
+    """Args as named; train_data: what the task's train_data returned on
+    the chief; make_data: the task's train_data, called again on each
+    worker for a tf.data pipeline.
+
+    Raises:
+      ConfigError: for files in one global order, which this strategy
+        cannot read yet.
+    """
+    if not isinstance(train_data, (task_lib.InMemory, tf.data.Dataset)):
+      raise errors.ConfigError(
+          "distribution.strategy='parameter_server' reads ctl.InMemory "
+          "data or a tf.data pipeline; the task's train_data returned "
+          f'{type(train_data).__name__}: use one of those, or another '
+          'strategy.')
+    self._strategy = strategy
+    self._data = train_data
+    self._make_data = make_data
+    self._global_batch_size = global_batch_size
+    self._iterator = None
+
+  def make_iterator(self, loops: Any) -> Any:
+    """The workers' iterators (one per worker), made once."""
+    del loops  # Each worker reads on from where it is.
+    if self._iterator is None:
+      coordinator = tf.distribute.coordinator.ClusterCoordinator(
+          self._strategy)
+      self._iterator = iter(coordinator.create_per_worker_dataset(
+          lambda: self._strategy.distribute_datasets_from_function(
+              self._dataset)))
+    return self._iterator
+
+  def _dataset(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """One worker's batches, endless."""
+    if not isinstance(self._data, task_lib.InMemory):
+      return self._make_data(context).repeat()
+    data = self._data
+    # Seeded by the worker's clock: the workers run the same function, and
+    # a fixed seed would give each the same order.
+    seed = tf.cast(tf.timestamp() * 1e6, tf.int64) % (2**31 - 1)
+    tensors = tf.nest.map_structure(tf.constant, data.arrays)
+
+    def one_pass(index):
+      return tf.random.experimental.stateless_shuffle(
+          tf.range(len(data), dtype=tf.int64), seed=tf.stack([seed, index]))
+
+    def gather(rows):
+      batch = tf.nest.map_structure(lambda t: tf.gather(t, rows), tensors)
+      return data.preprocess(batch) if data.preprocess else batch
+
+    batches = tf.data.Dataset.counter().map(one_pass).unbatch().batch(
+        self._global_batch_size, drop_remainder=True).map(gather)
+    return batches.prefetch(1)
+
+
+class ParameterServerRunner:
+  """A loop of the task's train_step, split over the workers; has
+  steps.StepRunner's train_loop."""
+
+  def __init__(self, strategy: tf.distribute.Strategy, task: task_lib.Task,
+               state: state_lib.TrainState, options: steps_lib.StepOptions,
+               train_metrics: task_calls.MetricReader):
+    """Args as for steps.StepRunner."""
+    self._strategy = strategy
+    self._coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    self._task = task
+    self._state = state
+    self._options = options
+    self._train_metrics = train_metrics
+    # The workers the loop's steps are split over.
+    self._num_workers = strategy.extended._num_workers  # pylint: disable=protected-access
+    self._optimizers = _optimizers(task)
+    self._worker_steps = tf.function(self._steps_on_worker, autograph=False)
+    self._loop_logs = tf.function(
+        task_calls.task_function(task.loop_logs, options.autograph),
+        autograph=False)
+
+  def train_loop(self, iterator, num_steps: tf.Tensor, requests: tf.Tensor,
+                 read_metrics: bool = False) -> dict[str, Any]:
+    """Runs num_steps steps on the workers; as steps.StepRunner.train_loop
+    (the requests are this process's alone: the chief is the one worker
+    that runs the loop).
+
+    Raises:
+      PeerFailure: a parameter server was lost (exit code 43): the
+        variables it held since the last checkpoint are gone.
+    """
+    try:
+      return self._train_loop(iterator, num_steps, requests, read_metrics)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
+      lost = ps_cluster.lost_servers(self._strategy)
+      if not lost:
+        raise
+      raise errors.PeerFailure(
+          f'The parameter server(s) {", ".join(lost)} stopped answering: the '
+          'variables they held since the last checkpoint are lost. Start '
+          'the job again (every task): it resumes from the latest '
+          'checkpoint.') from error
+
+  def _train_loop(self, iterator, num_steps: tf.Tensor, requests: tf.Tensor,
+                  read_metrics: bool) -> dict[str, Any]:
+    """train_loop's work."""
+    count = int(num_steps)
+    first_step = int(self._state.step.numpy())
+    _set_iterations(self._optimizers, first_step)
+    scheduled, offset = [], first_step
+    for size in _shares(count, self._num_workers):
+      scheduled.append(self._coordinator.schedule(
+          self._worker_steps, args=(iterator, tf.constant(size),
+                                    tf.constant(offset, tf.int64))))
+      offset += size
+    self._coordinator.join()
+    done, sums = 0, {}
+    for remote in scheduled:
+      steps, logs = remote.fetch()
+      done += int(steps)
+      for name, value in logs.items():
+        sums[name] = sums.get(name, 0.0) + float(value)
+    if done != count:  # What the loop planned is what is counted.
+      raise errors.CtlError(f'The workers ran {done} steps of a loop of '
+                            f'{count}: a ctl bug, please report it.')
+    self._state.advance(done, self._options.steps_per_epoch)
+    _set_iterations(self._optimizers, first_step + done)
+    examples = sums.pop(task_calls.EXAMPLES)
+    outputs = {
+        'logs': {name: value / examples for name, value in sums.items()},
+        'loop_logs': self._loop_logs(),
+        'requests': requests}
+    if read_metrics:
+      outputs['metrics'] = self._train_metrics.read_and_reset_in_graph()
+    return outputs
+
+  def trace_step(self, iterator) -> None:
+    """Nothing to trace before the run: config_checks refuses what the
+    other runners' trace checks (accumulate_steps)."""
+    del iterator
+
+  def _steps_on_worker(self, iterator, num_steps: tf.Tensor,
+                       first_step: tf.Tensor) -> tuple[tf.Tensor, dict]:
+    """A closure: num_steps steps on one worker; (num_steps, log sums).
+
+    The first step is run before the graph loop, which takes the sums'
+    structure from it. A task's own tf.summary calls record nothing: the
+    workers have no summary writer.
+    """
+    with tf.summary.record_if(False):
+      sums = self._step(iterator, first_step)
+
+      def body(i, sums):
+        logs = self._step(iterator, first_step + tf.cast(i, tf.int64))
+        return i + 1, {name: sums[name] + logs[name] for name in sums}
+
+      _, sums = tf.while_loop(lambda i, _: i < num_steps, body,
+                              [tf.constant(1), sums])
+    return num_steps, sums
+
+  def _step(self, iterator, step: tf.Tensor) -> dict[str, tf.Tensor]:
+    """One step of the task's on the worker's next batch; weighted logs."""
+    outputs = self._strategy.run(self._train_on_batch,
+                                 args=(next(iterator), step))
+    return {name: tf.add_n(self._strategy.experimental_local_results(value))
+            for name, value in outputs.items()}
+
+  def _train_on_batch(self, batch, step) -> dict[str, tf.Tensor]:
+    """The task's train_step with its step context."""
+    options = self._options
+    ctx = task_lib.StepContext(
+        global_batch_size=options.global_batch_size, step=step,
+        seed=options.seed, training=True,
+        all_reduce_dtype=options.all_reduce_dtype)
+    logs = task_calls.call_step(
+        task_calls.task_function(self._task.train_step, options.autograph),
+        batch, ctx, 'train_step')
+    return task_calls.weighted_logs(logs, None, 'train_step')
+
+
+def _shares(count: int, num_workers: int) -> Iterator[int]:
+  """count steps split into at most num_workers closures, sizes differing
+  by at most one."""
+  closures = min(count, num_workers)
+  for index in range(closures):
+    yield count // closures + (1 if index < count % closures else 0)
+
+
+def _optimizers(task: task_lib.Task) -> list[keras.optimizers.Optimizer]:
+  """The task's Keras optimizers, each once (a LossScaleOptimizer's inner
+  one has its own counter too)."""
+  found = []
+  for value in vars(task).values():
+    while isinstance(value, keras.optimizers.Optimizer):
+      if all(value is not known for known in found):
+        found.append(value)
+      value = getattr(value, 'inner_optimizer', None)
+  return found
+
+
+def _set_iterations(optimizers: list[keras.optimizers.Optimizer],
+                    step: int) -> None:
+  """Sets each optimizer's step counter to the run's step: what schedules
+  and bias corrections read (they lose increments when workers update at
+  once)."""
+  for optimizer in optimizers:
+    optimizer.iterations.assign(step)

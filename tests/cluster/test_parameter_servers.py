@@ -1,0 +1,172 @@
+"""distribution.strategy='parameter_server': real jobs of a chief, workers
+and a server on localhost, started by ctl.launch, and what is refused at
+start."""
+
+import json
+import os
+import random
+import re
+import signal
+
+import portpicker
+import pytest
+
+from ctl import config as config_lib
+from ctl import errors
+from ctl.cluster import distribution
+import helpers
+
+PS = '--config.distribution.strategy=parameter_server'
+
+
+def _launch(workdir, *args: str, num_epochs: int = 2,
+            restarts: int = 0) -> helpers.Watched:
+  """ctl.launch of a chief, 2 workers and one server training the digits
+  task (44 steps an epoch), its CSV on."""
+  return helpers.Watched([
+      *helpers.ctl_command()[:2], 'ctl.launch', '--num_workers=2',
+      '--num_ps=1', f'--max_restarts={restarts}', '--', f'--config={helpers.DIGITS}',
+      f'--workdir={workdir}', f'--config.num_epochs={num_epochs}',
+      '--config.log_csv=True', *args])
+
+
+def _iterations(workdir) -> int:
+  """The Keras optimizer's step counter in the latest checkpoint."""
+  tensors = helpers.checkpoint_tensors(
+      workdir / 'checkpoints' / f'ckpt-{helpers.latest_checkpoint_step(workdir)}')
+  (value,) = [value for name, value in tensors.items()
+              if 'iterations' in name and 'optimizer' in name]
+  return int(value)
+
+
+@pytest.mark.slow
+def test_a_chief_two_workers_and_a_server_train_digits(tmp_path):
+  workdir = tmp_path / 'job'
+  job = _launch(workdir)  # strategy 'auto': the "ps" tasks choose it.
+  assert job.wait() == 0, job.output[-3000:]
+  assert 'Coordinating 2 worker(s) and 1 parameter server(s)' in job.output
+  results = helpers.read_results(workdir)
+  # Exactly the configured steps, whatever the workers did; accuracy in the
+  # band of a one-worker run of 2 epochs (tests/training/test_mirrored.py).
+  assert results['step'] == 88, results
+  assert results['eval']['accuracy'] > 0.9, results
+  assert (workdir / 'metrics.csv').exists()
+  # The schedule's counter is the run's step, not what the workers'
+  # racing increments left of it.
+  assert _iterations(workdir) == 88
+  # Every task left by itself once the chief marked the job done.
+  for name in ('worker 0', 'worker 1', 'ps 0'):
+    assert f'[{name}] ' in job.output
+  assert job.output.count('The chief marked the job done') == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', [signal.SIGKILL, signal.SIGTERM])
+def test_a_worker_lost_mid_run_leaves_the_step_count_exact(tmp_path, signum):
+  seed = random.randrange(2**31)
+  print(f'seed {seed}')
+  kill_after = random.Random(seed).randrange(11, 55, 11)
+  workdir = tmp_path / 'job'
+  job = _launch(workdir, '--config.intervals.log_steps=11')
+  pid = int(job.wait_for(r'started workers with pids \[(\d+), (\d+)')[2])
+  job.wait_for(rf'\[chief\] .*step {kill_after}/88', timeout=300)
+  os.kill(pid, signum)  # worker 0.
+  assert job.wait() == 0, job.output[-3000:]
+  assert helpers.read_results(workdir)['step'] == 88
+  if signum == signal.SIGTERM:  # A preemption notice: it left cleanly.
+    assert ('[worker 0] ctl: preempted: SIGTERM: worker:0 left the job'
+            in job.output)
+
+
+@pytest.mark.slow
+def test_a_sigtermed_chief_saves_exits_42_and_the_same_command_resumes(
+    tmp_path):
+  workdir = tmp_path / 'job'
+  args = ('--config.intervals.log_steps=11',)
+  job = _launch(workdir, *args, num_epochs=4)  # 176 steps.
+  chief = int(job.wait_for(r'started workers with pids \[(\d+)')[1])
+  job.wait_for(r'\[chief\] .*step 22/176', timeout=300)
+  os.kill(chief, signal.SIGTERM)
+  assert job.wait() == 42, job.output[-3000:]
+  saved = helpers.latest_checkpoint_step(workdir)
+  assert 22 <= saved < 176
+  assert f'Stopped by SIGTERM after step {saved} of 176' in job.output
+  again = _launch(workdir, *args, num_epochs=4)
+  assert again.wait() == 0, again.output[-3000:]
+  assert f'Training from step {saved} to 176' in again.output
+  assert helpers.read_results(workdir)['step'] == 176
+
+
+@pytest.mark.slow
+def test_a_lost_server_stops_the_chief_with_43_naming_it_then_it_resumes(
+    tmp_path):
+  workdir = tmp_path / 'job'
+  job = _launch(workdir, '--config.intervals.log_steps=11', num_epochs=4,
+                restarts=1)
+  server = int(job.wait_for(r'started workers with pids \[\d+, \d+, \d+, '
+                            r'(\d+)\]')[1])
+  job.wait_for(r'\[chief\] .*Saved .*ckpt-44', timeout=300)
+  os.kill(server, signal.SIGKILL)
+  assert job.wait() == 0, job.output[-3000:]
+  assert ('[chief] ctl: error: The parameter server(s) ps:0 stopped '
+          'answering' in job.output)
+  assert 'workers exited with [43, ' in job.output
+  starts = re.findall(r'\[chief\] .*Training from step (\d+) to 176',
+                      job.output)
+  assert len(starts) == 2 and int(starts[1]) >= 44, starts  # Resumed.
+  assert helpers.read_results(workdir)['step'] == 176
+
+
+def _config(**fields):
+  return helpers.override(helpers.load_config_file(helpers.DIGITS),
+                          **{'distribution.strategy': 'parameter_server',
+                             **fields})
+
+
+@pytest.mark.parametrize('fields, expected', [
+    ({'deterministic': True}, 'config.deterministic=True cannot work'),
+    ({'jit_compile': 'loop'}, "config.jit_compile='loop' cannot work"),
+    ({'accumulate_steps': 2}, 'config.accumulate_steps=2 cannot work'),
+])
+def test_what_parameter_servers_cannot_do_is_refused(fields, expected):
+  with pytest.raises(errors.ConfigError, match=expected):
+    config_lib.validate(_config(**fields))
+
+
+def test_deterministic_parameter_servers_stop_with_one_line(tmp_path):
+  run = helpers.run_ctl(f'--config={helpers.DIGITS}', PS,
+                        '--config.deterministic=True',
+                        f'--workdir={tmp_path / "w"}')
+  assert run.returncode == 2
+  assert run.stderr.strip().splitlines()[-1].startswith(
+      'ctl: error: config.deterministic=True cannot work with '
+      "distribution.strategy='parameter_server'")
+  assert not (tmp_path / 'w').exists()
+
+
+def _tf_config(jobs: dict, task_type: str) -> str:
+  return json.dumps({
+      'cluster': {job: [f'localhost:{portpicker.pick_unused_port()}'
+                        for _ in range(count)] for job, count in jobs.items()},
+      'task': {'type': task_type, 'index': 0}})
+
+
+@pytest.mark.parametrize('strategy, jobs, expected', [
+    ('parameter_server', None, 'needs a cluster'),
+    ('parameter_server', {'worker': 2, 'ps': 1}, 'it has no "chief"'),
+    ('parameter_server', {'chief': 1, 'worker': 1}, 'it has no "ps"'),
+    ('parameter_server', {'chief': 1, 'worker': 1, 'ps': 1, 'evaluator': 1},
+     'also names "evaluator"'),
+    ('multi_worker', {'chief': 1, 'worker': 1, 'ps': 1},
+     'names "ps" tasks'),
+])
+def test_a_cluster_parameter_servers_cannot_run_is_refused(
+    monkeypatch, strategy, jobs, expected):
+  if jobs is None:
+    monkeypatch.delenv('TF_CONFIG', raising=False)
+  else:
+    monkeypatch.setenv('TF_CONFIG', _tf_config(jobs, 'worker'))
+  config = _config(**{'distribution.strategy': strategy})
+  with pytest.raises(errors.ConfigError, match=expected) as raised:
+    distribution.build_strategy(config.distribution)
+  assert '\n' not in str(raised.value)
