@@ -67,7 +67,6 @@ def train_and_evaluate(
   if strategy is None or role.task_type == 'evaluator':
     return _serve_or_evaluate(config, workdir, strategy, role, on_finish)
   _log_place_in_cluster(role, strategy)
-  timeout_seconds = config.distribution.timeout_seconds
   watchdog, status, dumps = _watchdog_and_status(config, workdir, role)
   trainer = None
   with tf_process.StopSignal() as stop_signal, workdir_lib.Lock(
@@ -85,14 +84,14 @@ def train_and_evaluate(
       if on_finish:
         on_finish(role, finished_now)
     except errors.Preempted:
-      distribution.leave_together(role, timeout_seconds)
+      distribution.leave_together(role, config.distribution.timeout_seconds)
       raise
     except (tf.errors.OpError, OSError) as error:
       _raise_what_it_means(error, config, workdir, trainer and trainer.task,
                            role, workdir_lock, status, dumps)
       raise
     _record_end(status, results)
-  distribution.leave_together(role, timeout_seconds)
+  distribution.leave_together(role, config.distribution.timeout_seconds)
   return results
 
 
