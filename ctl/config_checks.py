@@ -323,9 +323,19 @@ def resolve_builder(name: str, builtins: Mapping[str, Callable | str],
   return _imported(name, what)
 
 
+_MOVED = {f'ctl.builtin_tasks.{old}': 'ctl.builtin_tasks.classification'
+          for old in ('models', 'optimizers', 'losses', 'metrics')}  # Before.
+
+
 def _imported(name: str, what: str) -> Callable:
   """The callable `package.module:function` names, imported."""
   module_name, _, attribute = name.partition(':')
+  if module_name in _MOVED:
+    module_name = _MOVED[module_name]
+    errors.warn_deprecated(
+        f'{what} {name!r}: that module is now {module_name}: write '
+        f"'{module_name}:{attribute}' (or the builder's short name).",
+        '<config>', 0, __name__)
   try:
     module = importlib.import_module(module_name)
   except ImportError as error:

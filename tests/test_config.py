@@ -88,3 +88,17 @@ def test_differences_lists_changed_leaves():
       "metrics: ['accuracy'] -> ['accuracy', 'top5_accuracy']",
       'optimizer.learning_rate: 0.001 -> 0.5',
   ]
+
+
+def test_a_builder_named_by_its_module_before_the_fold_still_resolves():
+  # ctl.builtin_tasks.models (and optimizers, losses, metrics) became
+  # ctl.builtin_tasks.classification: a config naming the old path still
+  # trains, with a warning saying what to write.
+  from ctl.builtin_tasks import classification  # pylint: disable=g-import-not-at-top
+  with pytest.warns(errors.CtlDeprecationWarning,
+                    match="write 'ctl.builtin_tasks.classification:cnn'"):
+    builder = config_checks.resolve_builder('ctl.builtin_tasks.models:cnn',
+                                            {}, 'model')
+  assert builder is classification.cnn
+  with pytest.raises(errors.ConfigError, match='Cannot import module'):
+    config_checks.resolve_builder('ctl.builtin_tasks.nope:cnn', {}, 'model')
