@@ -274,7 +274,10 @@ def test_start_up_is_counted_from_python_not_from_the_shell_before_it(
   run = helpers.Watched(['bash', '-c', command])
   line = run.wait_for(r'First step done ([\d.]+) s', timeout=300)
   seen = time.time()
-  assert float(line[1]) <= seen - float(exec_time.read_text()), line[0]
+  # The line rounds to 0.1 s: 6.8 may be 6.75 (a CI run saw 6.8 against
+  # 6.79 s since the exec).
+  assert float(line[1]) - 0.05 <= seen - float(exec_time.read_text()), (
+      line[0])
   assert run.wait() == 0, run.output[-3000:]
 
 
