@@ -20,6 +20,7 @@ loop's start and end (`_set_iterations`; BUILD.md, "Parameter servers").
 
 from collections.abc import Callable, Iterator
 import dataclasses
+import time
 from typing import Any
 
 import keras
@@ -28,6 +29,7 @@ import tensorflow as tf
 from ctl import errors
 from ctl import task as task_lib
 from ctl.cluster import ps_cluster
+from ctl.runtime import tf_process
 from ctl.training import job as job_lib
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
@@ -38,6 +40,13 @@ def evaluation_job(job: job_lib.Job) -> job_lib.Job:
   """The job evaluation runs in: the chief evaluates on its own device,
   reading the servers' variables (the workers only train)."""
   return dataclasses.replace(job, strategy=tf.distribute.get_strategy())
+
+
+# How often the chief looks whether a loop's closures are done, and how long
+# a loop in flight may still take once SIGTERM came (Kubernetes' and
+# Slurm's default grace periods are 30 s: the save needs some of it).
+_POLL_SECONDS = 0.05
+_SIGTERM_GRACE_SECONDS = 20.0
 
 
 class PerWorkerInput:
@@ -112,9 +121,14 @@ class ParameterServerRunner:
 
   def __init__(self, strategy: tf.distribute.Strategy, task: task_lib.Task,
                state: state_lib.TrainState, options: steps_lib.StepOptions,
-               train_metrics: task_calls.MetricReader):
-    """Args as for steps.StepRunner."""
+               train_metrics: task_calls.MetricReader,
+               stop_signal: tf_process.StopSignal, timeout_seconds: float):
+    """Args as for steps.StepRunner; stop_signal: SIGTERM's request, which
+    shortens the wait for a loop (_join); timeout_seconds: the longest a
+    loop may wait for its workers (distribution.timeout_seconds)."""
     self._strategy = strategy
+    self._stop_signal = stop_signal
+    self._timeout_seconds = timeout_seconds
     self._coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     self._task = task
     self._state = state
@@ -162,7 +176,7 @@ class ParameterServerRunner:
           self._worker_steps, args=(iterator, tf.constant(size),
                                     tf.constant(offset, tf.int64))))
       offset += size
-    self._coordinator.join()
+    self._join()
     done, sums = 0, {}
     for remote in scheduled:
       steps, logs = remote.fetch()
@@ -182,6 +196,41 @@ class ParameterServerRunner:
     if read_metrics:
       outputs['metrics'] = self._train_metrics.read_and_reset_in_graph()
     return outputs
+
+  def _join(self) -> None:
+    """coordinator.join, bounded. TensorFlow waits up to an hour for a lost
+    worker to come back (cluster_coordinator.py's
+    _WORKER_MAXIMUM_RECOVERY_SEC), so with every worker gone join() never
+    returns: ctl waits for the loop at most timeout_seconds, and at most
+    _SIGTERM_GRACE_SECONDS once SIGTERM asked it to stop.
+
+    Raises:
+      PeerFailure: the loop did not finish in timeout_seconds.
+      Preempted: SIGTERM, and the loop did not finish in the grace period.
+    """
+    deadline = time.monotonic() + self._timeout_seconds
+    graced = False
+    while not self._coordinator.done():  # Raises what a closure raised.
+      if self._stop_signal.requested and not graced:
+        graced = True
+        deadline = min(deadline, time.monotonic() + _SIGTERM_GRACE_SECONDS)
+      if time.monotonic() > deadline:
+        raise self._unfinished_loop()
+      time.sleep(_POLL_SECONDS)
+
+  def _unfinished_loop(self) -> errors.CtlError:
+    """The error of a loop the workers did not finish in time."""
+    saved = ('Nothing was saved after the latest checkpoint; the same '
+             'command resumes from it once workers are running.')
+    if self._stop_signal.requested:
+      return errors.Preempted(
+          f'{self._stop_signal.received}: the loop in flight did not finish '
+          f'within {_SIGTERM_GRACE_SECONDS:.0f} s (no worker is running '
+          f'it?). {saved}')
+    return errors.PeerFailure(
+        'No worker finished the loop in flight within '
+        f'distribution.timeout_seconds={self._timeout_seconds:g}: every '
+        f'worker is gone or hung. {saved}')
 
   def trace_step(self, iterator) -> None:
     """Nothing to trace before the run: config_checks refuses what the

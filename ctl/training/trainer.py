@@ -210,7 +210,8 @@ class Trainer:
                                                 self.jit_compile)
     if distribution.is_parameter_server(self.strategy):
       return parameter_servers.ParameterServerRunner(
-          self.strategy, self.task, self.train_state, options, train_metrics)
+          self.strategy, self.task, self.train_state, options, train_metrics,
+          self.process.stop_signal, self.config.distribution.timeout_seconds)
     return steps_lib.StepRunner(
         strategy=self.strategy, task=self.task, train_input=self.train_input,
         state=self.train_state, options=options, train_metrics=train_metrics,

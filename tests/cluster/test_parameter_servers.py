@@ -98,6 +98,38 @@ def test_a_sigtermed_chief_saves_exits_42_and_the_same_command_resumes(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('stop', ['timeout', 'sigterm'])
+def test_with_every_worker_gone_the_chief_stops_in_bounded_time(tmp_path,
+                                                                 stop):
+  # TensorFlow's join() waits up to an hour for a lost worker to come back:
+  # ctl waits distribution.timeout_seconds for a loop (then 43), and 20 s
+  # more once SIGTERM came (then 42), and the latest checkpoint stays.
+  workdir = tmp_path / 'job'
+  job = _launch(workdir, '--config.intervals.log_steps=11',
+                '--config.distribution.timeout_seconds=60', num_epochs=40)
+  chief, *workers = [int(pid) for pid in job.wait_for(
+      r'started workers with pids \[(\d+), (\d+), (\d+)')[1:4]]
+  job.wait_for(r'\[chief\] .*step 22/1760', timeout=300)
+  for worker in workers:
+    os.kill(worker, signal.SIGKILL)
+  if stop == 'sigterm':
+    os.kill(chief, signal.SIGTERM)
+    assert job.wait(timeout=120) == errors.EXIT_PREEMPTED, job.output[-3000:]
+    # Or, where the loop in flight had finished before the workers died,
+    # the usual save at its end.
+    assert re.search(r'\[chief\] ctl: preempted: SIGTERM: the loop in flight '
+                     r'did not finish within 20 s|Stopped by SIGTERM after '
+                     r'step', job.output), job.output[-3000:]
+  else:
+    assert job.wait(timeout=300) == errors.EXIT_PEER_FAILED, (
+        job.output[-3000:])
+    assert ('[chief] ctl: error: No worker finished the loop in flight '
+            'within distribution.timeout_seconds=60: every worker is gone '
+            'or hung.' in job.output), job.output[-3000:]
+  assert helpers.latest_checkpoint_step(workdir) < 1760
+
+
+@pytest.mark.slow
 def test_a_lost_server_stops_the_chief_with_43_naming_it_then_it_resumes(
     tmp_path):
   workdir = tmp_path / 'job'
