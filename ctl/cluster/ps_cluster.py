@@ -131,17 +131,24 @@ def build_coordinator(
   return strategy
 
 
-def lost_servers(
-    strategy: tf.distribute.experimental.ParameterServerStrategy
-) -> list[str]:
-  """The parameter servers ('ps:0') that no longer listen at their
-  address."""
-  # The strategy keeps its resolver (the public cluster_resolver property
-  # reads the extended's, which ParameterServerStrategy leaves None).
-  resolver = strategy._cluster_resolver  # pylint: disable=protected-access
-  addresses = resolver.cluster_spec().as_dict()['ps']
-  return [f'ps:{index}' for index, address in enumerate(addresses)
+def lost_server_failure(error: BaseException) -> errors.PeerFailure | None:
+  """What an error means where a parameter server of the job (TF_CONFIG's
+  "ps" tasks) no longer listens at its address: exit 43, naming it; None
+  for any other error or job. Whether it came in a loop of steps, a save or
+  an evaluation (each reads the servers' variables)."""
+  if not isinstance(error, (tf.errors.UnavailableError,
+                            tf.errors.AbortedError)):
+    return None
+  cluster = cluster_lib.from_tf_config(os.environ.get('TF_CONFIG'))
+  lost = [f'ps:{index}' for index, address in
+          enumerate(cluster.jobs.get('ps', ()) if cluster else ())
           if not _listens(address)]
+  if not lost:
+    return None
+  return errors.PeerFailure(
+      f'The parameter server(s) {", ".join(lost)} stopped answering: the '
+      'variables they held since the last checkpoint are lost. Start the '
+      'job again (every task): it resumes from the latest checkpoint.')
 
 
 def _wait_until_listening(cluster: cluster_lib.Cluster,

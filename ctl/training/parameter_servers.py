@@ -155,14 +155,10 @@ class ParameterServerRunner:
     try:
       return self._train_loop(iterator, num_steps, requests, read_metrics)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
-      lost = ps_cluster.lost_servers(self._strategy)
-      if not lost:
+      failure = ps_cluster.lost_server_failure(error)
+      if failure is None:
         raise
-      raise errors.PeerFailure(
-          f'The parameter server(s) {", ".join(lost)} stopped answering: the '
-          'variables they held since the last checkpoint are lost. Start '
-          'the job again (every task): it resumes from the latest '
-          'checkpoint.') from error
+      raise failure from error
 
   def _train_loop(self, iterator, num_steps: tf.Tensor, requests: tf.Tensor,
                   read_metrics: bool) -> dict[str, Any]:

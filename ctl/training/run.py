@@ -172,7 +172,7 @@ def _raise_what_it_means(error: Exception, config: ml_collections.ConfigDict,
                          dumps: list[str]) -> None:
   """Raises, from error, what it means for the user (failures.py), naming
   the stalled peers of a PeerFailure; returns when that is not known."""
-  failure = failures.explain(
+  failure = ps_cluster.lost_server_failure(error) or failures.explain(
       error, workdir=workdir, task=task, role=role,
       timeout_seconds=config.distribution.timeout_seconds,
       jit_compile=config.jit_compile, workdir_lock=workdir_lock)
