@@ -131,14 +131,12 @@ def build_coordinator(
   return strategy
 
 
-def lost_server_failure(error: BaseException) -> errors.PeerFailure | None:
-  """What an error means where a parameter server of the job (TF_CONFIG's
+def lost_server_failure() -> errors.PeerFailure | None:
+  """What an error means while a parameter server of the job (TF_CONFIG's
   "ps" tasks) no longer listens at its address: exit 43, naming it; None
-  for any other error or job. Whether it came in a loop of steps, a save or
-  an evaluation (each reads the servers' variables)."""
-  if not isinstance(error, (tf.errors.UnavailableError,
-                            tf.errors.AbortedError)):
-    return None
+  in any other job, or while every server listens. Whatever the error: a
+  lost server fails a loop of steps, a save or an evaluation (each reads
+  the servers' variables), mostly with an UnavailableError."""
   cluster = cluster_lib.from_tf_config(os.environ.get('TF_CONFIG'))
   lost = [f'ps:{index}' for index, address in
           enumerate(cluster.jobs.get('ps', ()) if cluster else ())

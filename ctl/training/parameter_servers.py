@@ -155,7 +155,7 @@ class ParameterServerRunner:
     try:
       return self._train_loop(iterator, num_steps, requests, read_metrics)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
-      failure = ps_cluster.lost_server_failure(error)
+      failure = ps_cluster.lost_server_failure()
       if failure is None:
         raise
       raise failure from error

@@ -86,7 +86,7 @@ def train_and_evaluate(
     except errors.Preempted:
       distribution.leave_together(role, config.distribution.timeout_seconds)
       raise
-    except (tf.errors.OpError, OSError) as error:
+    except Exception as error:  # pylint: disable=broad-except
       _raise_what_it_means(error, config, workdir, trainer and trainer.task,
                            role, workdir_lock, status, dumps)
       raise
@@ -171,8 +171,19 @@ def _raise_what_it_means(error: Exception, config: ml_collections.ConfigDict,
                          status: worker_status.WorkerStatus,
                          dumps: list[str]) -> None:
   """Raises, from error, what it means for the user (failures.py), naming
-  the stalled peers of a PeerFailure; returns when that is not known."""
-  failure = ps_cluster.lost_server_failure(error) or failures.explain(
+  the stalled peers of a PeerFailure; returns when that is not known.
+
+  A parameter server gone explains any error (ps_cluster), and has no
+  peers' status files to read: the chief is a job's one worker there.
+  """
+  if isinstance(error, errors.CtlError):
+    return  # Says what it means already.
+  failure = ps_cluster.lost_server_failure()
+  if failure is not None:
+    raise failure from error
+  if not isinstance(error, (tf.errors.OpError, OSError)):
+    return
+  failure = failures.explain(
       error, workdir=workdir, task=task, role=role,
       timeout_seconds=config.distribution.timeout_seconds,
       jit_compile=config.jit_compile, workdir_lock=workdir_lock)
