@@ -749,7 +749,7 @@ def _costs() -> tuple[str, list[Target]]:
   contenders = {
       'tf.data: one element handed to a tf.function loop, microseconds':
           bw.tf_data_element_microseconds,
-      'a report of 6 scalars through ctl.runtime.summaries, milliseconds':
+      'a report of 6 scalars through ctl.metric_writers.tensorboard, milliseconds':
           lambda: bw.report_milliseconds('ctl'),
       'a report of 6 scalars through tf.summary.scalar, milliseconds':
           lambda: bw.report_milliseconds('tf.summary'),

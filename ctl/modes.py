@@ -21,6 +21,7 @@ from ctl import errors
 
 from ctl.cluster import distribution
 from ctl.metric_writers import mlflow_run
+from ctl.runtime import studies
 from ctl.runtime import tf_process
 from ctl.training import checkpoint_evaluation
 from ctl.training import run as run_lib
@@ -65,11 +66,16 @@ class ExportAtEnd:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     self._config, self._workdir = config, workdir
 
-  def __call__(self, role: distribution.Role, finished_now: bool) -> None:
+  def __call__(self, role: distribution.Role, finished_now: bool,
+               results: dict) -> None:
     """Exports where this task should; finished_now: False when training
-    had finished before this process."""
+    had finished before this process; results: the run's (results.json)."""
     config, workdir = self._config, self._workdir
     if not config.export.at_end:
+      return
+    if studies.was_pruned(results):  # No search keeps a pruned trial's.
+      logging.info('Not exported (config.export.at_end): the study\'s '
+                   'pruner stopped this trial.')
       return
     # A run that had finished is exported again only if that export was
     # cut short (killed or failed): the same command completes it.

@@ -36,6 +36,12 @@ def _tf_errors():
   return tf.errors
 
 
+def io_errors(path: str) -> tuple[type[Exception], ...]:
+  """What reading or writing path raises: OSError, and TensorFlow's
+  OpError for a path its filesystems handle (imported only then)."""
+  return (OSError,) if _is_plain(path) else (OSError, _tf_errors().OpError)
+
+
 def _is_plain(path: str) -> bool:
   """Whether path is a plain local one (no scheme), which Python's own
   calls read without TensorFlow."""
@@ -70,6 +76,9 @@ def isdir(path: str) -> bool:
 
 
 def makedirs(path: str) -> None:
+  if _is_plain(path):
+    os.makedirs(path, exist_ok=True)
+    return
   _gfile().makedirs(path)
 
 
@@ -97,6 +106,12 @@ def modified_time(path: str) -> float:
 
 def remove(path: str) -> None:
   """Removes a file, or a folder and all it holds; nothing if it is gone."""
+  if _is_plain(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+      os.remove(path)
+    return
   try:
     if _gfile().isdir(path):
       if is_local(path):

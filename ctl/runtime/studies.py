@@ -15,6 +15,8 @@ from ctl import errors
 from ctl import storage
 
 SEARCH = 'ctl.search'  # The study's user attribute describing its search.
+# How a trial's stop reason starts when its pruner stopped it (results.json).
+PRUNED = 'pruned'
 # A journal's tail is read back in blocks of this size to find its last
 # whole record.
 _TAIL_BLOCK_BYTES = 64 * 1024
@@ -22,6 +24,12 @@ _TAIL_BLOCK_BYTES = 64 * 1024
 # opening it at once race there (one gets "type ... already exists"), and
 # the loser's next try finds the tables made.
 _SCHEMA_RACE_TRIES = 5
+
+
+def was_pruned(results: dict) -> bool:
+  """Whether a run's results say its study's pruner stopped it."""
+  stopped = results.get('stopped') or {}
+  return (stopped.get('reason') or '').startswith(PRUNED)
 
 
 def import_optuna():

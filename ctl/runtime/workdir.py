@@ -263,14 +263,12 @@ def is_alive(pid: int) -> bool:
 
 def prepare(workdir: str) -> None:
   """Creates the workdir, or fails with a clear message if it cannot be written."""
-  # Here, not at the top: ctl.status reads paths of this module without it.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
     storage.makedirs(workdir)
     probe = os.path.join(workdir, f'.write-test-{os.getpid()}')
     storage.write_text(probe, 'ok')
     storage.remove(probe)
-  except (OSError, tf.errors.OpError) as error:
+  except storage.io_errors(workdir) as error:
     raise errors.CtlError(
         f'Cannot write to workdir {workdir}: {error}. Pass a --workdir this '
         'user can write to.') from error

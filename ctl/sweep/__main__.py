@@ -114,8 +114,10 @@ def main(argv: list[str]) -> None:
     _fail(error)
   # TensorFlow, which ctl.storage imports for gs:// and the report for its
   # summaries, prints its start-up lines (CUDA, CPU instructions) whatever
-  # TF_CPP_MIN_LOG_LEVEL says: imported now, without them.
-  tf_process.import_tensorflow()
+  # TF_CPP_MIN_LOG_LEVEL says: imported quietly, and only when needed, so
+  # that the first trial's process does not wait for this one's import.
+  if not storage.is_local(_WORKDIR.value):
+    tf_process.import_tensorflow()
   if sweep.search is not None:
     _run_search(sweep, config_file)
   workdir_lib.prepare(_WORKDIR.value)
@@ -134,16 +136,22 @@ def main(argv: list[str]) -> None:
     stopped = _Runner(trials, processes).run()
   finally:
     processes.close()
-  # Imported late: TensorFlow and matplotlib are slow to import, and a bad
-  # sweep should fail fast.
-  from ctl.sweep import report as sweep_report  # pylint: disable=g-import-not-at-top
-  report = sweep_report.write(sweep, trials, _WORKDIR.value)
+  report = _report_lib().write(sweep, trials, _WORKDIR.value)
   print(report.summary)
   if not stopped:
     _finish_mlflow_parent(trial_config, report)
   if stopped:
     sys.exit(errors.EXIT_PREEMPTED)
   sys.exit(0 if report.all_finished else errors.EXIT_FAILURE)
+
+
+def _report_lib():
+  """ctl.sweep.report, imported once the trials have ended: TensorFlow and
+  matplotlib are slow to import (quietly here), and a bad sweep should
+  fail fast."""
+  tf_process.import_tensorflow()
+  from ctl.sweep import report  # pylint: disable=g-import-not-at-top
+  return report
 
 
 def _search_lib():
@@ -188,10 +196,9 @@ def _run_search(sweep, config_file) -> None:
   except study_lib.storage_errors() as error:  # Down as SIGTERM stopped it.
     print(f'ctl.sweep: {studies.unreachable(url, error)}', file=sys.stderr)
     sys.exit(errors.EXIT_PREEMPTED if stopped else errors.EXIT_FAILURE)
-  from ctl.sweep import report as sweep_report  # pylint: disable=g-import-not-at-top
-  report = sweep_report.write(sweep, [trial for trial, _ in trials],
-                              _WORKDIR.value,
-                              states=[state for _, state in trials])
+  report = _report_lib().write(sweep, [trial for trial, _ in trials],
+                               _WORKDIR.value,
+                               states=[state for _, state in trials])
   print(report.summary)
   if not stopped:
     _finish_mlflow_parent(trial_config, report)

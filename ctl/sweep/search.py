@@ -328,7 +328,7 @@ class Runner:
     results = workdir_lib.read_results(trial.workdir) if code == 0 else None
     value = trials_lib.lookup(results, self._sweep.metric) if results else None
     stopped = (results or {}).get('stopped') or {}
-    if results is not None and stopped.get('reason', '').startswith('pruned'):
+    if results is not None and studies.was_pruned(results):
       self._study.tell(number, state=study_lib.PRUNED_STATE,
                        skip_if_finished=True)
       trials_lib.say(f'{trial.name}: PRUNED at step {stopped["step"]}')

@@ -55,7 +55,8 @@ class ReportToStudy(actions.Action):
       return
     if pruned:
       event.request_stop(
-          f'pruned at step {event.step}: eval {self._metric} {value:.6g} '
+          f'{studies.PRUNED} at step {event.step}: eval {self._metric} '
+          f'{value:.6g} '
           "is behind the study's other trials (its pruner)")
 
   def _value(self, eval_results) -> float:

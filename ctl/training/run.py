@@ -35,7 +35,7 @@ from ctl.training import trainer as trainer_lib
 
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str,
-    on_finish: Callable[[distribution.Role, bool], None] | None = None,
+    on_finish: Callable[[distribution.Role, bool, dict], None] | None = None,
     start_up: tf_process.StartUp | None = None) -> dict:
   """Trains and evaluates config's task, resuming from workdir's checkpoint.
 
@@ -47,8 +47,8 @@ def train_and_evaluate(
     workdir: where checkpoints, summaries and results go (chief only).
     on_finish: called on every training task with its place in the job
       and whether training has just finished (False: it had finished
-      before), before the workers leave together; or on the evaluator once
-      it evaluated the final checkpoint.
+      before) and the results, before the workers leave together; or on
+      the evaluator once it evaluated the final checkpoint.
     start_up: its start-up so far (default: from the process's start).
 
   Returns:
@@ -82,7 +82,7 @@ def train_and_evaluate(
       if distribution.is_parameter_server(strategy):
         ps_cluster.mark_job_done(workdir)  # Its workers and servers leave.
       if on_finish:
-        on_finish(role, finished_now)
+        on_finish(role, finished_now, results)
     except errors.Preempted:
       distribution.leave_together(role, config.distribution.timeout_seconds)
       raise
@@ -214,5 +214,5 @@ def _serve_or_evaluate(config, workdir, strategy, role, on_finish) -> dict:
   results = checkpoint_evaluation.evaluate_continuously(config, workdir,
                                                         strategy)
   if on_finish and results.get('finished'):
-    on_finish(role, True)
+    on_finish(role, True, results)
   return results

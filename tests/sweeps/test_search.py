@@ -438,8 +438,11 @@ def test_two_sweep_processes_run_one_study_and_prune(shared_search):
       assert results['stopped']['reason'].startswith(
           f'pruned at step {steps[-1]}: eval accuracy'), results['stopped']
       assert row['status'] == 'pruned'
+      # No search keeps a pruned trial's model: it is not exported.
+      assert not (pathlib.Path(row['workdir']) / 'export').exists()
     else:
       assert steps == [11, 22, 33, 44]
+      assert (pathlib.Path(row['workdir']) / 'export').is_dir()
       assert trial.value == pytest.approx(results['eval']['accuracy'])
   best = max((row for row in rows if row['state'] == 'COMPLETE'),
              key=lambda row: float(row['eval.accuracy']))

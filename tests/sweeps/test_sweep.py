@@ -307,6 +307,11 @@ def test_a_sweep_end_to_end_reports_a_failed_trial_and_the_others_go_on(
   run = helpers.Watched(_sweep_command(_write_sweep(tmp_path, trials), workdir,
                                        parallel=2),
                         env=helpers.env_with(TF_CPP_MIN_LOG_LEVEL='3'))
+  run.wait_for(r': started \(pid', timeout=300)
+  # Its trials do not wait for the sweep process's own TensorFlow import
+  # (about 24 s): it imports TensorFlow for the report, after them.
+  maps = pathlib.Path(f'/proc/{run.process.pid}/maps').read_text()
+  assert 'libtensorflow_framework' not in maps
   assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
   for noise in ('oneDNN', 'cuInit', 'cpu_feature_guard', 'cudart_stub',
                 'InitializeLog'):
