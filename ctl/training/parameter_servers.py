@@ -16,10 +16,14 @@ The Keras optimizer's own step counter (`optimizer.iterations`, which its
 learning-rate schedule and Adam's bias correction read) loses increments
 when workers update it at once: it is set from the run's step at each
 loop's start and end (`_set_iterations`; BUILD.md, "Parameter servers").
+The task's train metrics count with the same racy increment: their
+variables' `assign_add` and `assign_sub` are routed to the servers' own
+atomic ops before the first step is traced (`make_increments_atomic`).
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -50,8 +54,10 @@ _SIGTERM_GRACE_SECONDS = 20.0
 
 
 class PerWorkerInput:
-  """The task's training data, a dataset on each worker, each in its own
-  shuffled order (asynchronous training has no one order to keep)."""
+  """The task's training data, a dataset on each worker (asynchronous
+  training has no one order to keep): in-memory data in each worker's own
+  shuffled order; a tf.data pipeline as the task makes it, with the one
+  InputContext TensorFlow gives every worker."""
 
   kind = "each worker's own pass over the task's data"
   checkpointable = {}  # No position can be saved: see README.
@@ -134,6 +140,7 @@ class ParameterServerRunner:
     self._state = state
     self._options = options
     self._train_metrics = train_metrics
+    make_increments_atomic(task.train_metrics)  # Before the first trace.
     # The workers the loop's steps are split over.
     self._num_workers = strategy.extended._num_workers  # pylint: disable=protected-access
     self._optimizers = _optimizers(task)
@@ -290,6 +297,40 @@ def _optimizers(task: task_lib.Task) -> list[keras.optimizers.Optimizer]:
         found.append(value)
       value = getattr(value, 'inner_optimizer', None)
   return found
+
+
+def make_increments_atomic(metrics: Sequence[keras.metrics.Metric]) -> None:
+  """Routes each metric variable's assign_add and assign_sub to its
+  tf.Variable's own op, atomic on its server.
+
+  A Keras variable's `assign_add` is `self.assign(self + value)`
+  (keras/src/backend/common/variables.py, lines 300-304; the TensorFlow
+  backend's Variable does not override it): a read, then a write, so two
+  workers that read the same total both write total + their value, and one
+  update is lost. Keras's Mean and Sum, and every metric built on them
+  (the accuracies, MeanMetricWrapper), update with it
+  (keras/src/metrics/reduction_metrics.py, lines 87, 142, 149). The
+  routing is an attribute of each variable, read when a step is traced:
+  it must be set before. Metrics that write a sum they read themselves
+  (`var.assign(var + x)`: Keras's confusion-matrix metrics, IoU, R2Score)
+  are not changed.
+  """
+  for metric in metrics:
+    for variable in metric.variables:
+      held = variable.value  # Its tf.Variable: no autocast scope here.
+      if isinstance(held, tf.Variable):
+        variable.assign_add = functools.partial(_assign_add, held)
+        variable.assign_sub = functools.partial(_assign_sub, held)
+
+
+def _assign_add(variable: tf.Variable, value) -> tf.Tensor:
+  """variable.assign_add(value), value cast to its dtype as Keras casts."""
+  return variable.assign_add(tf.cast(value, variable.dtype))
+
+
+def _assign_sub(variable: tf.Variable, value) -> tf.Tensor:
+  """variable.assign_sub(value), value cast to its dtype as Keras casts."""
+  return variable.assign_sub(tf.cast(value, variable.dtype))
 
 
 def _set_iterations(optimizers: list[keras.optimizers.Optimizer],
