@@ -18,8 +18,11 @@ to resume from).
 With --num_ps=K the job is a parameter-server job: a chief (the
 coordinator), N workers and K servers, printed as `[chief]`, `[worker i]`,
 `[ps i]`. Its exit code is the chief's: a worker that dies does not stop
-it (the chief runs its steps on the others); when the chief stops, the
-others are told to stop too (SIGTERM), unless it finished.
+it (the chief runs its steps on the others) and, while the chief runs, is
+started again on its own address (a signal, 42 or 43; up to --max_restarts
+times a worker in an attempt), where TensorFlow's coordinator takes it back
+by itself; when the chief stops, the others are told to stop too
+(SIGTERM), unless it finished.
 
 Exit codes: 0 when training finished; 130 after a second Ctrl-C; otherwise
 the code that stopped the last attempt (42 preempted, 43 a worker failed, 1
@@ -54,8 +57,9 @@ _NUM_PS = flags.DEFINE_integer(
     "(the coordinator), --num_workers workers and these servers "
     "(distribution.strategy='parameter_server').", lower_bound=0)
 _MAX_RESTARTS = flags.DEFINE_integer(
-    'max_restarts', 3, 'Restarts after a preemption or a worker failure.',
-    lower_bound=0)
+    'max_restarts', 3, 'Restarts after a preemption or a worker failure; '
+    'in a parameter-server job also restarts of each worker that stops '
+    'while the chief runs, per attempt.', lower_bound=0)
 _STOP_GRACE_SECS = flags.DEFINE_float(
     'stop_grace_secs', 30.0,
     'Once a worker has stopped, seconds the others get to stop by '
@@ -218,22 +222,25 @@ class _Job:
     self._attempt = attempt
     self._console = console
     self._interrupts = interrupts
-    self._processes = []
+    self._tasks = []  # (name, TF_CONFIG) of each task.
+    self._processes = []  # The latest process of each task.
+    self._readers = []
+    self._restarts = {}  # Of a parameter-server job's workers, by task.
+    self._left = set()  # Workers not started again.
 
   def run(self) -> list[int]:
     """Starts the workers; returns their exit codes (-N: killed by signal N;
     a parameter-server job's chief first)."""
-    tasks = (ps_tf_configs(self._num_workers, self._num_ps) if self._num_ps
-             else [(f'worker {index}', tf_config) for index, tf_config
-                   in enumerate(tf_configs(self._num_workers))])
-    for _, tf_config in tasks:
-      env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED='1')
-      self._processes.append(subprocesses.start(
-          [sys.executable, '-m', 'ctl.main', *self._worker_args], env=env,
-          stdout=subprocess.PIPE))
-    # Started after every fork, so that no thread runs while one happens.
-    readers = [self._relay(process.stdout, f'[{name}] ')
-               for (name, _), process in zip(tasks, self._processes)]
+    self._tasks = (ps_tf_configs(self._num_workers, self._num_ps)
+                   if self._num_ps else
+                   [(f'worker {index}', tf_config) for index, tf_config
+                    in enumerate(tf_configs(self._num_workers))])
+    self._processes = [self._start(tf_config)
+                       for _, tf_config in self._tasks]
+    # Started after every fork, so that no thread runs while one happens
+    # (a worker started again is the exception: _restart_lost_workers).
+    for (name, _), process in zip(self._tasks, self._processes):
+      self._relay(process.stdout, f'[{name}] ')
     self._console.say(f'attempt {self._attempt}: started workers with pids '
                       f'{[process.pid for process in self._processes]}')
     self._interrupts.watch(self)
@@ -242,7 +249,7 @@ class _Job:
     finally:
       self._interrupts.watch(None)
       self.signal_all(signal.SIGKILL)
-      for reader in readers:
+      for reader in self._readers:
         reader.join()
     return codes
 
@@ -251,7 +258,14 @@ class _Job:
       if process.poll() is None:
         process.send_signal(signum)
 
-  def _relay(self, stream, prefix: str) -> threading.Thread:
+  def _start(self, tf_config: str) -> subprocess.Popen:
+    """Starts one task of the job: ctl.main with its TF_CONFIG."""
+    env = dict(os.environ, TF_CONFIG=tf_config, PYTHONUNBUFFERED='1')
+    return subprocesses.start(
+        [sys.executable, '-m', 'ctl.main', *self._worker_args], env=env,
+        stdout=subprocess.PIPE)
+
+  def _relay(self, stream, prefix: str) -> None:
     """Prints a worker's output lines with a prefix, from a thread."""
 
     def relay():
@@ -260,12 +274,41 @@ class _Job:
 
     reader = threading.Thread(target=relay, daemon=True)
     reader.start()
-    return reader
+    self._readers.append(reader)
+
+  def _restart_lost_workers(self, codes: list[int | None]) -> None:
+    """Starts again, with the same TF_CONFIG, each worker of a
+    parameter-server job that stopped on a signal, 42 or 43 while the chief
+    runs (TensorFlow's coordinator reconnects it by itself), up to
+    --max_restarts times a worker; not once the launcher is asked to stop."""
+    for index, code in enumerate(codes):
+      name, tf_config = self._tasks[index]
+      if (code in (None, 0) or not name.startswith('worker ') or
+          index in self._left or self._interrupts.count):
+        continue  # Running, done, the chief or a server, or stopping.
+      count = self._restarts.get(index, 0) + 1
+      said = f'attempt {self._attempt}: {name} exited with {code}'
+      if code > 0 and code not in _RESTARTABLE:
+        why = 'a restart cannot fix it'
+      elif count > _MAX_RESTARTS.value:
+        why = f'no restarts left (--max_restarts={_MAX_RESTARTS.value})'
+      else:
+        # The relays' threads run as it forks: the child's work before exec
+        # (subprocesses.start: a prctl) takes no lock of theirs.
+        self._restarts[index] = count
+        self._processes[index] = process = self._start(tf_config)
+        self._console.say(f'{said}; started again ({count} of '
+                          f'{_MAX_RESTARTS.value}) with pid {process.pid}')
+        self._relay(process.stdout, f'[{name}] ')
+        continue
+      self._left.add(index)
+      self._console.say(f'{said}; not started again: {why}')
 
   def _wait(self) -> list[int]:
     """Waits for every worker; kills the rest some time after one fails
     (in a parameter-server job, after the chief ended: the others are told
-    to stop at once unless it finished, when they leave by themselves)."""
+    to stop at once unless it finished, when they leave by themselves;
+    while it runs, a worker lost is started again)."""
     first_failure = None
     killed = False
     while True:
@@ -273,7 +316,9 @@ class _Job:
       if all(code is not None for code in codes):
         return codes
       if self._num_ps:
-        if first_failure is None and codes[0] is not None:
+        if codes[0] is None:
+          self._restart_lost_workers(codes)
+        elif first_failure is None:
           first_failure = time.monotonic()
           if codes[0]:
             self.signal_all(signal.SIGTERM)
