@@ -61,9 +61,23 @@ def process_state_as_it_was():
   run with config.deterministic turns on (ctl/training/run.py), is off
   again after it (a later seedless random op would be refused)."""
   random.seed()
+  started = _watched_started()
+  made_before = len(started)
   yield
+  # A test that failed half-way leaves its processes (a whole ctl.launch
+  # job) running: killed, not left to load the tests after it.
+  for watched in _watched_started()[made_before:]:
+    if watched.process.poll() is None:
+      watched.process.kill()
   if 'tensorflow' in sys.modules:
     # pylint: disable=g-import-not-at-top
     from tensorflow.python.framework import config as tf_config
     if tf_config.is_op_determinism_enabled():
       tf_config.disable_op_determinism()
+
+
+def _watched_started() -> list:
+  """helpers.Watched's processes so far (none before anything imported
+  helpers)."""
+  helpers = sys.modules.get('helpers')
+  return helpers.Watched.started if helpers else []
