@@ -8,6 +8,8 @@ Run from the repository root. For each workload it measures, interleaved,
   (d) Keras 3 Model.fit with each steps_per_execution, the best kept;
   (e) with 2 workers, ctl against the code of TensorFlow's multi-worker
       custom-training-loop tutorial (benchmarks/tutorial.py);
+  (g) with a chief, 2 workers and 1 parameter server, ctl against the loop
+      of TensorFlow's parameter-server tutorial (benchmarks/ps_tutorial.py);
 then, two fresh processes at a time taking turns of a few seconds
 (benchmarks/timeslice.py), a user's own task reading a tf.data pipeline
 against a hand-written loop of the same step over the same pipeline
@@ -34,6 +36,7 @@ import os
 import pathlib
 import platform
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -48,10 +51,11 @@ _REPETITIONS = flags.DEFINE_integer('repetitions', 3,
                                     'Measurements of each contender.',
                                     lower_bound=1)
 _SECTIONS = flags.DEFINE_list(
-    'sections', ['mlp', 'cnn', 'two_workers', 'user_task', 'tfrecord',
-                 'elastic', 'checkpoints', 'startup', 'costs'],
-    'What to measure: mlp, cnn, two_workers, user_task, tfrecord, elastic, '
-    'checkpoints, startup, costs, and (not by default) levers_mlp, '
+    'sections', ['mlp', 'cnn', 'two_workers', 'parameter_server', 'user_task',
+                 'tfrecord', 'elastic', 'checkpoints', 'startup', 'costs'],
+    'What to measure: mlp, cnn, two_workers, parameter_server, user_task, '
+    'tfrecord, elastic, checkpoints, startup, costs, and (not by default) '
+    'levers_mlp, '
     'levers_cnn, levers_two_workers: each speed option against the default, '
     'and search: one search in ctl.sweep, plain Optuna and Keras Tuner '
     '(benchmarks/search.py, about 20 minutes).')
@@ -377,6 +381,109 @@ def _run_workers(command: list[str], num_workers: int = 2) -> list[str]:
     if process.returncode:
       raise RuntimeError(f'{command} failed:\n{output[-3000:]}')
   return outputs
+
+
+def _parameter_server() -> tuple[str, list[Target]]:
+  """(g) ctl's parameter-server job against the loop of TensorFlow's
+  parameter-server tutorial (benchmarks/ps_tutorial.py), each a chief, 2
+  workers and 1 server on localhost, in interleaved repetitions: the same
+  CNN, data, batch and cluster, steps/s between joins after the first
+  half of the steps, as ctl measures itself."""
+  contenders = {
+      '(a) ctl, default settings (configs/mnist.py, distribution.strategy='
+      'parameter_server, 400 steps: each loop of 100 split over the '
+      'workers, one closure each)': (_ps_ctl, 64),
+      '(g) the parameter-server tutorial\'s loop (one step a closure, a '
+      'join every 100 steps)': (_ps_tutorial, 64)}
+  measured = _interleaved(contenders)
+  ctl, tutorial = measured.values()
+  table = _table('Parameter servers on localhost: a chief, 2 workers and 1 '
+                 'server; the tutorials\' CNN, 64 examples a step',
+                 list(measured.values()))
+  return table, [Target('parameter servers: ctl / tutorial code',
+                        ctl.ratio_to(tutorial), 1.0)]
+
+
+# configs/mnist.py as a parameter-server job with ctl's default intervals
+# (logs and summaries every 100 steps, checkpoints by time), as
+# _TWO_WORKER_DEFAULTS; a step is one worker's batch of 64.
+_PS_DEFAULTS = {**_TWO_WORKER_DEFAULTS, 'batch_size': 64}
+# The longest one contender's job may take (a few times what it takes).
+_PS_TIMEOUT_SECONDS = 600
+
+
+def _ps_ctl(**overrides) -> float:
+  """Steps/s of ctl's parameter-server job (ctl.launch --num_ps=1),
+  from results.json; overrides: of _PS_DEFAULTS, dotted config keys."""
+  with tempfile.TemporaryDirectory() as workdir:
+    args = [f'--config={_REPO / "configs" / "mnist.py"}',
+            f'--workdir={workdir}',
+            '--config.data.name=benchmarks.workloads:cnn_data',
+            '--config.eval_batch_size=1000',
+            '--config.distribution.strategy=parameter_server',
+            *(f'--config.{key}={value}'
+              for key, value in {**_PS_DEFAULTS, **overrides}.items())]
+    _run_bounded([sys.executable, '-m', 'ctl.launch', '--num_workers=2',
+                  '--num_ps=1', '--max_restarts=0', '--', *args])
+    results = json.loads((pathlib.Path(workdir) / 'results.json').read_text())
+  return results['timing']['steps_per_second']
+
+
+def _ps_tutorial(*args: str) -> float:
+  """Steps/s that benchmarks/ps_tutorial.py's chief prints, its workers and
+  server started first (they serve until killed); args: its own."""
+  from ctl import launch  # pylint: disable=g-import-not-at-top
+  command = [sys.executable, '-m', 'benchmarks.ps_tutorial', *args]
+  (_, chief), *tasks = launch.ps_tf_configs(2, 1)
+  with tempfile.TemporaryFile('w+') as log:
+    servers = [subprocess.Popen(command, env=dict(os.environ, TF_CONFIG=env),
+                                stdout=log, stderr=subprocess.STDOUT,
+                                cwd=_REPO) for _, env in tasks]
+    try:
+      _wait_listening(json.loads(chief)['cluster'], servers, log)
+      output = _run_bounded(command, env=dict(os.environ, TF_CONFIG=chief))
+    finally:
+      for server in servers:  # As the tutorial's servers end: killed.
+        server.kill()
+        server.wait()
+  return _bench_speed(output)
+
+
+def _wait_listening(cluster: dict[str, list[str]],
+                    servers: list[subprocess.Popen], log) -> None:
+  """Returns once every worker and server of the cluster accepts
+  connections; raises if one exits or _PS_TIMEOUT_SECONDS pass first."""
+  addresses = [address for job in ('worker', 'ps') for address in cluster[job]]
+  deadline = time.monotonic() + _PS_TIMEOUT_SECONDS
+  while not all(_listening(address) for address in addresses):
+    if time.monotonic() > deadline or any(
+        server.poll() is not None for server in servers):
+      log.seek(0)
+      raise RuntimeError(f'The tutorial\'s servers did not start:\n'
+                         f'{log.read()[-3000:]}')
+    time.sleep(0.2)
+
+
+def _listening(address: str) -> bool:
+  """Whether something accepts a TCP connection at "host:port"."""
+  host, _, port = address.rpartition(':')
+  try:
+    with socket.create_connection((host, int(port)), timeout=2):
+      return True
+  except OSError:
+    return False
+
+
+def _run_bounded(command: list[str], env: dict[str, str] | None = None
+                 ) -> str:
+  """Runs command from the repository root, at most _PS_TIMEOUT_SECONDS
+  (then it is killed and this raises); returns its output."""
+  process = subprocess.run(command, env=env, cwd=_REPO, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=_PS_TIMEOUT_SECONDS, check=False)
+  if process.returncode:
+    raise RuntimeError(f'{command} failed:\n{process.stdout[-3000:]}')
+  return process.stdout
 
 
 def _in_turns(contenders: dict[str, tuple[str, dict]], batch: int,
@@ -899,6 +1006,7 @@ _SECTION_FUNCTIONS = {
     'mlp': lambda: _single_process('mlp'),
     'cnn': lambda: _single_process('cnn'),
     'two_workers': _two_workers,
+    'parameter_server': _parameter_server,
     'user_task': _user_task,
     'tfrecord': _tfrecord,
     'elastic': _elastic,

@@ -14,6 +14,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from benchmarks import bench
 from benchmarks import profile
+from benchmarks import ps_tutorial
 from benchmarks import search
 from benchmarks import tfrecord
 from benchmarks import timeslice
@@ -236,6 +237,23 @@ def test_the_two_worker_contenders_run_and_report_a_speed():
   assert bench._two_worker_ceiling(steps_per_call=5) > 0  # pylint: disable=protected-access
   # One epoch of the benchmark's three: it runs; the benchmark times it.
   assert bench._two_worker_tutorial(num_epochs=1) > 0  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+def test_the_parameter_server_contenders_run_and_report_a_speed():
+  # Each a chief, 2 workers and a server: real processes on localhost.
+  # pylint: disable=protected-access
+  assert bench._ps_ctl(**{'steps_per_epoch': 20, 'intervals.log_steps': 10,
+                          'intervals.summary_steps': 10}) > 0
+  assert bench._ps_tutorial('2', '10') > 0  # 2 epochs of 10 steps.
+
+
+def test_the_ps_tutorial_times_the_second_half_between_joins():
+  # Joins after 100, 200, 300 and 400 steps: 200 steps from 2 s to 3 s.
+  ends = [(100, 1.0), (200, 2.0), (300, 2.4), (400, 3.0)]
+  assert ps_tutorial.second_half_speed(ends) == 200 / 1.0
+  # Two joins: the second alone.
+  assert ps_tutorial.second_half_speed([(10, 1.0), (20, 1.5)]) == 10 / 0.5
 
 
 @pytest.mark.slow
