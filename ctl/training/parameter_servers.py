@@ -51,6 +51,10 @@ def evaluation_job(job: job_lib.Job) -> job_lib.Job:
 # Slurm's default grace periods are 30 s: the save needs some of it).
 _POLL_SECONDS = 0.05
 _SIGTERM_GRACE_SECONDS = 20.0
+# A loop's steps go out as this many closures a worker, taken by whichever
+# worker is free: a slow worker does fewer, and holds the loop's end by one
+# small closure, not by a 1/N share.
+_CLOSURES_PER_WORKER = 4
 
 
 class PerWorkerInput:
@@ -174,7 +178,7 @@ class ParameterServerRunner:
     first_step = int(self._state.step.numpy())
     _set_iterations(self._optimizers, first_step)
     scheduled, offset = [], first_step
-    for size in _shares(count, self._num_workers):
+    for size in _shares(count, self._num_workers * _CLOSURES_PER_WORKER):
       scheduled.append(self._coordinator.schedule(
           self._worker_steps, args=(iterator, tf.constant(size),
                                     tf.constant(offset, tf.int64))))
@@ -279,10 +283,10 @@ class ParameterServerRunner:
     return task_calls.weighted_logs(logs, None, 'train_step')
 
 
-def _shares(count: int, num_workers: int) -> Iterator[int]:
-  """count steps split into at most num_workers closures, sizes differing
+def _shares(count: int, num_closures: int) -> Iterator[int]:
+  """count steps split into at most num_closures closures, sizes differing
   by at most one."""
-  closures = min(count, num_workers)
+  closures = min(count, num_closures)
   for index in range(closures):
     yield count // closures + (1 if index < count % closures else 0)
 
