@@ -392,7 +392,7 @@ def _parameter_server() -> tuple[str, list[Target]]:
   contenders = {
       '(a) ctl, default settings (configs/mnist.py, distribution.strategy='
       'parameter_server, 400 steps: each loop of 100 split over the '
-      'workers, one closure each)': (_ps_ctl, 64),
+      'workers, 4 closures a worker)': (_ps_ctl, 64),
       '(g) the parameter-server tutorial\'s loop (one step a closure, a '
       'join every 100 steps)': (_ps_tutorial, 64)}
   measured = _interleaved(contenders)
