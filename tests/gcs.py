@@ -45,7 +45,8 @@ class GcsServer:
 
   @staticmethod
   def _serve(*args: str) -> helpers.Watched:
-    process = helpers.Watched([sys.executable, str(SERVER), *args])
+    process = helpers.Watched([sys.executable, str(SERVER), *args],
+                              server=True)
     process.wait_for(r'^ready$', timeout=60)
     return process
 

@@ -242,13 +242,16 @@ def load_config_file(path: pathlib.Path, *args):
 class Watched:
   """A process whose output (stdout and stderr) is collected as it runs."""
 
-  started = []  # Every one made, for conftest to kill a test's leftovers.
+  started = []  # Those of tests, for conftest to kill a test's leftovers.
 
-  def __init__(self, command: list[str], env=None):
+  def __init__(self, command: list[str], env=None, *, server: bool = False):
+    """server: it outlives the test that starts it (a session's server,
+    restarted by a test); else conftest kills it at the test's end."""
     self.process = subprocess.Popen(command, cwd=REPO, env=env or env_with(),
                                     stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
-    Watched.started.append(self)
+    if not server:
+      Watched.started.append(self)
     self._lines = []
     self._changed = threading.Condition()
     self._reader = threading.Thread(target=self._read, daemon=True)

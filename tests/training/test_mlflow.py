@@ -56,7 +56,7 @@ def _start_server(directory: pathlib.Path) -> tuple[helpers.Watched, str]:
         sys.executable, '-m', 'mlflow', 'server', '--host', '127.0.0.1',
         '--port', str(port), '--workers', '1',
         '--backend-store-uri', f'sqlite:///{directory / "mlflow.db"}',
-        '--artifacts-destination', str(directory / 'artifacts')])
+        '--artifacts-destination', str(directory / 'artifacts')], server=True)
     try:
       # uvicorn says "Application startup complete" before it binds the
       # port, "Uvicorn running on" after; gunicorn's "Listening at" after.
