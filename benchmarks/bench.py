@@ -36,7 +36,6 @@ import os
 import pathlib
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -453,25 +452,16 @@ def _wait_listening(cluster: dict[str, list[str]],
                     servers: list[subprocess.Popen], log) -> None:
   """Returns once every worker and server of the cluster accepts
   connections; raises if one exits or _PS_TIMEOUT_SECONDS pass first."""
+  from ctl.cluster import ps_cluster  # pylint: disable=g-import-not-at-top
   addresses = [address for job in ('worker', 'ps') for address in cluster[job]]
   deadline = time.monotonic() + _PS_TIMEOUT_SECONDS
-  while not all(_listening(address) for address in addresses):
+  while not all(ps_cluster.listens(address) for address in addresses):
     if time.monotonic() > deadline or any(
         server.poll() is not None for server in servers):
       log.seek(0)
       raise RuntimeError(f'The tutorial\'s servers did not start:\n'
                          f'{log.read()[-3000:]}')
     time.sleep(0.2)
-
-
-def _listening(address: str) -> bool:
-  """Whether something accepts a TCP connection at "host:port"."""
-  host, _, port = address.rpartition(':')
-  try:
-    with socket.create_connection((host, int(port)), timeout=2):
-      return True
-  except OSError:
-    return False
 
 
 def _run_bounded(command: list[str], env: dict[str, str] | None = None

@@ -140,7 +140,7 @@ def lost_server_failure() -> errors.PeerFailure | None:
   cluster = cluster_lib.from_tf_config(os.environ.get('TF_CONFIG'))
   lost = [f'ps:{index}' for index, address in
           enumerate(cluster.jobs.get('ps', ()) if cluster else ())
-          if not _listens(address)]
+          if not listens(address)]
   if not lost:
     return None
   return errors.PeerFailure(
@@ -159,7 +159,7 @@ def _wait_until_listening(cluster: cluster_lib.Cluster,
   with _Stop() as stop:
     while waiting:
       waiting = [task for task in waiting
-                 if not _listens(cluster.address_of(task))]
+                 if not listens(cluster.address_of(task))]
       if not waiting:
         break
       if stop.event.is_set():
@@ -175,7 +175,7 @@ def _wait_until_listening(cluster: cluster_lib.Cluster,
       stop.event.wait(_POLL_SECONDS)
 
 
-def _listens(address: str) -> bool:
+def listens(address: str) -> bool:
   """Whether something accepts a TCP connection at "host:port"."""
   host, _, port = address.rpartition(':')
   try:
@@ -214,7 +214,7 @@ def serve(config: ml_collections.ConfigDict, workdir: str,
       if done_since is None:
         done = storage.read_text(workdir_lib.job_done_path(workdir))
         done_since = time.monotonic() if done and done != before else None
-      elif (not _listens(cluster.address_of('chief:0')) or
+      elif (not listens(cluster.address_of('chief:0')) or
             time.monotonic() - done_since > _LEAVE_AFTER_SECONDS):
         logging.info('The chief marked the job done: %s leaves (its server '
                      'served at %s).', cluster.task_name, server.target)

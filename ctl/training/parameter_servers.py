@@ -32,7 +32,6 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
-from ctl.cluster import ps_cluster
 from ctl.runtime import tf_process
 from ctl.training import job as job_lib
 from ctl.training import state as state_lib
@@ -157,23 +156,8 @@ class ParameterServerRunner:
                  read_metrics: bool = False) -> dict[str, Any]:
     """Runs num_steps steps on the workers; as steps.StepRunner.train_loop
     (the requests are this process's alone: the chief is the one worker
-    that runs the loop).
-
-    Raises:
-      PeerFailure: a parameter server was lost (exit code 43): the
-        variables it held since the last checkpoint are gone.
-    """
-    try:
-      return self._train_loop(iterator, num_steps, requests, read_metrics)
-    except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
-      failure = ps_cluster.lost_server_failure()
-      if failure is None:
-        raise
-      raise failure from error
-
-  def _train_loop(self, iterator, num_steps: tf.Tensor, requests: tf.Tensor,
-                  read_metrics: bool) -> dict[str, Any]:
-    """train_loop's work."""
+    that runs the loop). A parameter server lost raises TensorFlow's error,
+    which run.py names (ps_cluster.lost_server_failure, exit 43)."""
     count = int(num_steps)
     first_step = int(self._state.step.numpy())
     _set_iterations(self._optimizers, first_step)
