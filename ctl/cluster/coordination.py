@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl.cluster import tf_config as cluster_lib
-from ctl.runtime import tf_internals
+from ctl.runtime import tf_cluster_internals
 
 # The service fails the job when a worker sends no heartbeat for this many
 # distribution.timeout_seconds. Each worker's heartbeat RPC to the service
@@ -45,7 +45,7 @@ def configure(cluster_spec: tf.train.ClusterSpec,
   """
   register_seconds = _register_seconds(config.startup_timeout_seconds,
                                        started)
-  tf_internals.configure_coordination_service(
+  tf_cluster_internals.configure_coordination_service(
       cluster_spec,
       heartbeat_timeout_ms=int(
           1000 * heartbeat_timeout_seconds(config.timeout_seconds)),

@@ -24,7 +24,7 @@ from ctl.cluster import tf_config as cluster_lib
 from ctl.cluster import ps_cluster
 from ctl.cluster import rendezvous
 from ctl.cluster import slurm
-from ctl.runtime import tf_internals
+from ctl.runtime import tf_cluster_internals
 from ctl import errors
 
 
@@ -286,7 +286,7 @@ def leave_together(task: Role, timeout_seconds: float) -> None:
     return
   # The coordination service's barrier and key-value store: TensorFlow's own
   # (tf.distribute's failure handling uses them), with no public API.
-  service = tf_internals.coordination_service()
+  service = tf_cluster_internals.coordination_service()
   timeout_ms = int(1000 * (timeout_seconds or 24 * 3600))
   try:
     service.wait_at_barrier('ctl/exit', timeout_ms)

@@ -42,7 +42,7 @@ from absl import logging
 import tensorflow as tf
 
 from ctl import errors
-from ctl.runtime import tf_internals
+from ctl.runtime import tf_cluster_internals
 
 # Begins the message of the error an abort gives the waiting collectives
 # (failures.py tells the watchdog's abort from TensorFlow's by it).
@@ -172,7 +172,7 @@ class Watchdog:
         self.on_abort(why)
       except Exception as error:  # pylint: disable=broad-except
         logging.error('Could not write the diagnostics: %s', error)
-    tf_internals.abort_collectives(message)
+    tf_cluster_internals.abort_collectives(message)
     if self._stopped.wait(self.timeout_seconds):
       return  # The failure reached the training loop: it says what to do.
     print(f'ctl: error: This worker made no progress for '

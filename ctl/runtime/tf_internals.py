@@ -1,4 +1,5 @@
-"""Every private TensorFlow, Keras or Python API ctl uses, in one place.
+"""Every private TensorFlow, Keras or Python API ctl uses, in two modules:
+here, and those of the cluster machinery in tf_cluster_internals.py.
 
 Each was checked on TensorFlow 2.21, Keras 3.15 and Python 3.11, and each is
 covered by tests/runtime/test_tf_internals.py, which fails when the upstream
@@ -122,57 +123,6 @@ def flat_caller(function, *args) -> Callable[..., Any]:
       concrete.captured_inputs):
     return concrete
   return lambda *tensors: call_flat(list(tensors), concrete.captured_inputs)
-
-
-def coordination_service():
-  """TensorFlow's coordination service client: barriers and a key-value
-  store shared by the workers (tf.distribute's failure handling uses it;
-  there is no public API)."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  return context.context()
-
-
-def configure_coordination_service(cluster_spec: tf.train.ClusterSpec,
-                                   heartbeat_timeout_ms: int,
-                                   register_timeout_ms: int) -> None:
-  """Sets up TensorFlow's coordination service for the next
-  MultiWorkerMirroredStrategy, with these timeouts instead of its own.
-
-  The strategy's constructor configures the service itself only when
-  nothing has (`collective_all_reduce_strategy.py`, `_initialize_multi_
-  worker`), with the same leader and jobs as here, and timeouts of 0,
-  which the service reads as its defaults: a task that sends no heartbeat
-  for 10 s, or whose heartbeat RPC to the leader takes 5 s, fails the job
-  (`coordination_service.cc` kDefaultHeartbeatTimeoutMs,
-  `coordination_service_agent.cc` StartSendingHeartbeats), and a task that
-  never registers is waited for an hour. Registration waits at a barrier
-  (`cluster_register_with_barrier`), so a peer that never registers fails
-  the others within register_timeout_ms. With the service configured, the
-  strategy also leaves out its Python health check (`_check_health`).
-  """
-  from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.distribute import multi_worker_util  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  jobs = [coordination_config_pb2.CoordinatedJob(
-      name=job, num_tasks=cluster_spec.num_tasks(job))
-      for job in ('chief', 'worker') if job in cluster_spec.jobs]
-  context.context().configure_coordination_service(
-      service_type='standalone',
-      service_leader=multi_worker_util.coordination_leader(cluster_spec),
-      heartbeat_timeout_in_ms=heartbeat_timeout_ms,
-      cluster_register_timeout_in_ms=register_timeout_ms,
-      coordinated_jobs=jobs)
-  # Not an argument of configure_coordination_service.
-  context.context().coordination_service.cluster_register_with_barrier = True
-
-
-def abort_collectives(message: str) -> None:
-  """Fails this process's collectives, those waiting and any later one,
-  with DeadlineExceededError: what a collective's own timeout does
-  (MultiWorkerMirroredStrategy's health check aborts them the same way;
-  there is no public API)."""
-  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-  context.context().abort_collective_ops(tf.errors.DEADLINE_EXCEEDED, message)
 
 
 def take_async_checkpoint_error(

@@ -6,11 +6,12 @@ step runner behind the TrainLoop (ctl/training/loop.py), as
 steps.StepRunner is for the other strategies. A loop of n steps is split
 over the workers, one closure each (`coordinator.schedule`), each closure
 running its share of the task's own `train_step` from the worker's own
-dataset (`PerWorkerInput`) and returning how many steps it ran. The
-run's step advances by the sum of what the closures returned, once every
-closure of the loop is done (`coordinator.join`): a closure lost with its
-worker is run again on another worker, and only the closures that
-finished are counted, so the step is exact whatever the workers do.
+dataset (ctl/training/worker_input.py) and returning how many steps it
+ran. The run's step advances by the sum of what the closures returned,
+once every closure of the loop is done (`coordinator.join`): a closure
+lost with its worker is run again on another worker, and only the
+closures that finished are counted, so the step is exact whatever the
+workers do.
 
 The Keras optimizer's own step counter (`optimizer.iterations`, which its
 learning-rate schedule and Adam's bias correction read) loses increments
@@ -21,7 +22,7 @@ variables' `assign_add` and `assign_sub` are routed to the servers' own
 atomic ops before the first step is traced (`make_increments_atomic`).
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 import dataclasses
 import functools
 import time
@@ -54,74 +55,6 @@ _SIGTERM_GRACE_SECONDS = 20.0
 # worker is free: a slow worker does fewer, and holds the loop's end by one
 # small closure, not by a 1/N share.
 _CLOSURES_PER_WORKER = 4
-
-
-class PerWorkerInput:
-  """The task's training data, a dataset on each worker (asynchronous
-  training has no one order to keep): in-memory data in each worker's own
-  shuffled order; a tf.data pipeline as the task makes it, with the one
-  InputContext TensorFlow gives every worker."""
-
-  kind = "each worker's own pass over the task's data"
-  checkpointable = {}  # No position can be saved: see README.
-  dataset = None
-  partitions = None
-
-  def __init__(self, strategy: tf.distribute.Strategy, train_data: Any,
-               make_data: Callable[[tf.distribute.InputContext], Any],
-               global_batch_size: int):
-    """Args as named; train_data: what the task's train_data returned on
-    the chief; make_data: the task's train_data, called again on each
-    worker for a tf.data pipeline.
-
-    Raises:
-      ConfigError: for files in one global order, which this strategy
-        cannot read yet.
-    """
-    if not isinstance(train_data, (task_lib.InMemory, tf.data.Dataset)):
-      raise errors.ConfigError(
-          "distribution.strategy='parameter_server' reads ctl.InMemory "
-          "data or a tf.data pipeline; the task's train_data returned "
-          f'{type(train_data).__name__}: use one of those, or another '
-          'strategy.')
-    self._strategy = strategy
-    self._data = train_data
-    self._make_data = make_data
-    self._global_batch_size = global_batch_size
-    self._iterator = None
-
-  def make_iterator(self, loops: Any) -> Any:
-    """The workers' iterators (one per worker), made once."""
-    del loops  # Each worker reads on from where it is.
-    if self._iterator is None:
-      coordinator = tf.distribute.coordinator.ClusterCoordinator(
-          self._strategy)
-      self._iterator = iter(coordinator.create_per_worker_dataset(
-          lambda: self._strategy.distribute_datasets_from_function(
-              self._dataset)))
-    return self._iterator
-
-  def _dataset(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
-    """One worker's batches, endless."""
-    if not isinstance(self._data, task_lib.InMemory):
-      return self._make_data(context).repeat()
-    data = self._data
-    # Seeded by the worker's clock: the workers run the same function, and
-    # a fixed seed would give each the same order.
-    seed = tf.cast(tf.timestamp() * 1e6, tf.int64) % (2**31 - 1)
-    tensors = tf.nest.map_structure(tf.constant, data.arrays)
-
-    def one_pass(index):
-      return tf.random.experimental.stateless_shuffle(
-          tf.range(len(data), dtype=tf.int64), seed=tf.stack([seed, index]))
-
-    def gather(rows):
-      batch = tf.nest.map_structure(lambda t: tf.gather(t, rows), tensors)
-      return data.preprocess(batch) if data.preprocess else batch
-
-    batches = tf.data.Dataset.counter().map(one_pass).unbatch().batch(
-        self._global_batch_size, drop_remainder=True).map(gather)
-    return batches.prefetch(1)
 
 
 class ParameterServerRunner:

@@ -41,6 +41,7 @@ from ctl.training import report
 from ctl.training import state as state_lib
 from ctl.training import steps as steps_lib
 from ctl.training import task_calls
+from ctl.training import worker_input
 
 When = actions_lib.When
 
@@ -104,7 +105,7 @@ class Trainer:
     config = self.config
     if distribution.is_parameter_server(self.strategy):
       self.jit_compile = 'off'  # config_checks refuses XLA there.
-      self.train_input = parameter_servers.PerWorkerInput(
+      self.train_input = worker_input.PerWorkerInput(
           self.strategy, assembled.train_data, self.task.train_data,
           self.length.global_batch_size)
       return

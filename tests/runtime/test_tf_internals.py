@@ -1,7 +1,9 @@
 """Each private TensorFlow/Keras/Python API ctl uses still behaves as relied
-on. A failure here means upstream changed: revisit ctl/runtime/tf_internals.py.
+on. A failure here means upstream changed: revisit ctl/runtime/tf_internals.py
+(or tf_cluster_internals.py).
 """
 
+import re
 import subprocess
 import sys
 import threading
@@ -12,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from ctl.checkpoints import data_positions
+from ctl.runtime import tf_cluster_internals
 from ctl.runtime import tf_internals
 import helpers
 
@@ -160,10 +163,52 @@ def test_all_layers_finds_nested_layers():
 
 
 def test_the_coordination_service_client_has_what_leave_together_uses():
-  client = tf_internals.coordination_service()
+  client = tf_cluster_internals.coordination_service()
   for method in ('wait_at_barrier', 'set_config_key_value',
                  'get_config_key_value'):
     assert callable(getattr(client, method))
+
+
+# A parameter-server cluster in one process (its servers cannot be shut
+# down, so in a process of its own): each worker's iterator reports the
+# InputContext it was made with.
+_PER_WORKER_CONTEXTS = '''
+import collections, portpicker, tensorflow as tf
+from ctl.runtime import tf_cluster_internals
+ports = [portpicker.pick_unused_port() for _ in range(3)]
+cluster = tf.train.ClusterSpec({{
+    'worker': [f'localhost:{{port}}' for port in ports[:2]],
+    'ps': [f'localhost:{{ports[2]}}']}})
+# Four inter-op threads: with one, an in-process cluster hangs (TF_NOTES).
+config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4)
+for job, index in (('worker', 0), ('worker', 1), ('ps', 0)):
+  tf.distribute.Server(cluster, job_name=job, task_index=index,
+                       protocol='grpc', config=config, start=True)
+strategy = tf.distribute.experimental.ParameterServerStrategy(
+    tf.distribute.cluster_resolver.SimpleClusterResolver(
+        cluster, rpc_layer='grpc'))
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+iterator = tf_cluster_internals.per_worker_iterator(
+    coordinator, lambda context: tf.data.Dataset.from_tensors(
+        [context.input_pipeline_id, context.num_input_pipelines]).repeat())
+take = tf.function(lambda iterator: strategy.run(lambda: next(iterator)))
+values = [coordinator.schedule(take, args=(iterator,)) for _ in range(60)]
+coordinator.join()
+print('seen', sorted(collections.Counter(
+    tuple(value.fetch().tolist()) for value in values)))
+'''
+
+
+def test_each_worker_of_a_parameter_server_job_gets_its_own_input_context():
+  # TensorFlow's create_per_worker_dataset gives both workers input
+  # pipeline 0 of 1; per_worker_iterator gives worker i pipeline i of 2.
+  result = _run(_PER_WORKER_CONTEXTS.format())
+  assert result.returncode == 0, result.stderr[-3000:]
+  seen = [line for line in result.stdout.splitlines()
+          if line.startswith('seen')]
+  assert seen, result.stdout
+  pairs = {pair for pair in re.findall(r'\((\d+), (\d+)\)', seen[0])}
+  assert pairs == {('0', '2'), ('1', '2')}, seen[0]
 
 
 def test_a_dataset_graph_serializes_unless_a_stateful_op_is_anywhere():
