@@ -219,9 +219,19 @@ def serve(config: ml_collections.ConfigDict, workdir: str,
         logging.info('The chief marked the job done: %s leaves (its server '
                      'served at %s).', cluster.task_name, server.target)
         return {'served': cluster.task_name}
-  raise errors.Preempted(
-      f'SIGTERM: {cluster.task_name} left the job; the coordinator runs its '
-      'steps on the other workers. Start it again to rejoin.')
+  raise errors.Preempted(f'SIGTERM: {cluster.task_name} left the job; '
+                         + _WHAT_FOLLOWS[cluster.task_type])
+
+
+# What a serving task's leaving means for the job: a worker's steps go to
+# the others; a server's variables are gone with it.
+_WHAT_FOLLOWS = {
+    'worker': 'the coordinator runs its steps on the other workers. Start '
+              'it again to rejoin.',
+    'ps': 'a chief still training stops with exit 43 naming it (its '
+          'variables lived here). Start the job again: it resumes from the '
+          'latest checkpoint.',
+}
 
 
 def mark_job_done(workdir: str) -> None:

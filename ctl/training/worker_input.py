@@ -7,7 +7,7 @@ so a pipeline that shards by `context.input_pipeline_id` (as `by_file`
 TFRecord files are) reads its own files on each worker, and one shuffled
 from a fixed seed does not feed every worker the same batches.
 TensorFlow's `create_per_worker_dataset` would give every worker the same
-context (`tf_internals.per_worker_iterator` says why and how this differs).
+context (`tf_cluster_internals.per_worker_iterator` says why and how this differs).
 In-memory data is shuffled on each worker with a seed of its own.
 """
 
@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from ctl import errors
 from ctl import task as task_lib
-from ctl.runtime import tf_internals
+from ctl.runtime import tf_cluster_internals
 
 
 class PerWorkerInput:
@@ -59,7 +59,7 @@ class PerWorkerInput:
     if self._iterator is None:
       coordinator = tf.distribute.coordinator.ClusterCoordinator(
           self._strategy)
-      self._iterator = tf_internals.per_worker_iterator(
+      self._iterator = tf_cluster_internals.per_worker_iterator(
           coordinator, self._dataset)
     return self._iterator
 

@@ -268,3 +268,25 @@ def test_a_cluster_parameter_servers_cannot_run_is_refused(
   with pytest.raises(errors.ConfigError, match=expected) as raised:
     distribution.build_strategy(config.distribution)
   assert '\n' not in str(raised.value)
+
+
+@pytest.mark.slow
+def test_a_sigtermed_server_says_what_its_leaving_means(tmp_path):
+  # A server's leaving stops the job (its variables were there), unlike a
+  # worker's: its line must not say that others run its steps.
+  ports = [portpicker.pick_unused_port() for _ in range(3)]
+  tf_config = {'cluster': {'chief': [f'localhost:{ports[0]}'],
+                           'worker': [f'localhost:{ports[1]}'],
+                           'ps': [f'localhost:{ports[2]}']},
+               'task': {'type': 'ps', 'index': 0}}
+  server = helpers.Watched(
+      helpers.ctl_command(f'--config={helpers.DIGITS}', PS,
+                          f'--workdir={tmp_path / "job"}'),
+      env=helpers.env_with(TF_CONFIG=json.dumps(tf_config)))
+  server.wait_for('Serving as ps:0')
+  server.process.send_signal(signal.SIGTERM)
+  assert server.wait(timeout=120) == 42, server.output[-3000:]
+  assert 'ctl: preempted: SIGTERM: ps:0 left the job; a chief still ' \
+      'training stops with exit 43 naming it' in server.output
+  assert 'other workers' not in server.output
+

@@ -191,7 +191,8 @@ coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 iterator = tf_cluster_internals.per_worker_iterator(
     coordinator, lambda context: tf.data.Dataset.from_tensors(
         [context.input_pipeline_id, context.num_input_pipelines]).repeat())
-take = tf.function(lambda iterator: strategy.run(lambda: next(iterator)))
+take = tf.function(
+    lambda iterator: strategy.run(tf.identity, args=(next(iterator),)))
 values = [coordinator.schedule(take, args=(iterator,)) for _ in range(60)]
 coordinator.join()
 print('seen', sorted(collections.Counter(
