@@ -928,9 +928,9 @@ def _preemption() -> tuple[str, list[Target]]:
   every = f'{_PREEMPTION_KILL_EVERY_SECS.value:g}'
   return preemption.table(schedule, seed, runs), [
       Target(f'preemption: parameter servers, steps/s with a worker killed '
-             f'every {every} s / without', servers, 0.8),
+             f'every {every} s / without (one run each)', servers, 0.8),
       Target('preemption: that ratio of parameter servers / of all-reduce '
-             '(ctl.launch restarting the job)',
+             '(ctl.launch restarting the job; one run each)',
              servers / all_reduce if all_reduce > 0 else math.inf, 1.0)]
 
 
