@@ -24,7 +24,9 @@ measures the contenders a minute apart, under the same load), or for the
 turns, of adjacent windows (seconds apart); with --markdown it rewrites
 that file's generated section.
 --sections=levers_mlp (levers_cnn, levers_two_workers) measures each
-speed option against its default.
+speed option against its default; --sections=preemption, the cost of a
+worker killed every few seconds, parameter servers against all-reduce
+(benchmarks/preemption.py).
 """
 
 import contextlib
@@ -32,9 +34,11 @@ import dataclasses
 import datetime
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -56,8 +60,21 @@ _SECTIONS = flags.DEFINE_list(
     'tfrecord, elastic, checkpoints, startup, costs, and (not by default) '
     'levers_mlp, '
     'levers_cnn, levers_two_workers: each speed option against the default, '
-    'and search: one search in ctl.sweep, plain Optuna and Keras Tuner '
-    '(benchmarks/search.py, about 20 minutes).')
+    'search: one search in ctl.sweep, plain Optuna and Keras Tuner '
+    '(benchmarks/search.py, about 20 minutes), and preemption: parameter '
+    'servers and all-reduce, each with and without a worker killed every '
+    '--preemption_kill_every_secs (benchmarks/preemption.py, about 15 '
+    'minutes).')
+_PREEMPTION_SEED = flags.DEFINE_integer(
+    'preemption_seed', None, 'Which worker each kill of the preemption '
+    'section takes; unset: drawn at random (printed).')
+_PREEMPTION_WINDOW_SECS = flags.DEFINE_float(
+    'preemption_window_secs', 120.0, 'Seconds each run of the preemption '
+    'section is measured, from its chief\'s first log line.',
+    lower_bound=1.0)
+_PREEMPTION_KILL_EVERY_SECS = flags.DEFINE_float(
+    'preemption_kill_every_secs', 30.0, 'Seconds between the preemption '
+    'section\'s kills of a worker.', lower_bound=1.0)
 _MARKDOWN = flags.DEFINE_string(
     'markdown', None, 'Write the results into this file (BENCHMARKS.md), '
     'between its "<!-- bench:begin -->" and "<!-- bench:end -->" lines.')
@@ -894,6 +911,29 @@ def _search() -> tuple[str, list[Target]]:
   return text, targets
 
 
+def _preemption() -> tuple[str, list[Target]]:
+  """Parameter servers and all-reduce, each without kills and with a
+  worker killed every --preemption_kill_every_secs (benchmarks/preemption.py):
+  issue 51's target, at least 0.8x for parameter servers, and beside it
+  all-reduce's, which parameter servers exist to beat."""
+  from benchmarks import preemption  # pylint: disable=g-import-not-at-top
+  seed = _PREEMPTION_SEED.value
+  if seed is None:
+    seed = random.randrange(2**31)
+  schedule, runs = preemption.run_all(
+      seed, _PREEMPTION_WINDOW_SECS.value, _PREEMPTION_KILL_EVERY_SECS.value,
+      log=lambda line: print(line, flush=True))
+  servers = preemption.ratio(runs, 'parameter_servers')
+  all_reduce = preemption.ratio(runs, 'all_reduce')
+  every = f'{_PREEMPTION_KILL_EVERY_SECS.value:g}'
+  return preemption.table(schedule, seed, runs), [
+      Target(f'preemption: parameter servers, steps/s with a worker killed '
+             f'every {every} s / without (one run each)', servers, 0.8),
+      Target('preemption: that ratio of parameter servers / of all-reduce '
+             '(ctl.launch restarting the job; one run each)',
+             servers / all_reduce if all_reduce > 0 else math.inf, 1.0)]
+
+
 def _levers(workload_name: str) -> tuple[str, list[Target]]:
   """Each speed option against its default, one at a time, on one workload.
 
@@ -1004,6 +1044,7 @@ _SECTION_FUNCTIONS = {
     'startup': _startup,
     'costs': _costs,
     'search': _search,
+    'preemption': _preemption,
     'levers_mlp': lambda: _levers('mlp'),
     'levers_cnn': lambda: _levers('cnn'),
     'levers_two_workers': lambda: _levers('two_workers'),

@@ -2,6 +2,8 @@
 
 import dataclasses
 import pathlib
+import random
+import re
 import sys
 
 import numpy as np
@@ -13,6 +15,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from benchmarks import bench
+from benchmarks import preemption
 from benchmarks import profile
 from benchmarks import ps_tutorial
 from benchmarks import search
@@ -306,3 +309,63 @@ def test_the_search_section_judges_no_time_to_099_that_neither_reached(
       "search: ctl.sweep's whole search (best of --parallel=1 and 2) / "
       "plain Optuna's"]
   assert 'No target on the time to 0.99: neither reached it.' in text
+
+
+def test_a_killed_all_reduce_job_counts_from_its_checkpoint_until_it_logs():
+  # pylint: disable=line-too-long
+  progress = preemption.Progress(preemption.Job('all_reduce'))
+  for line in [
+      '[launch] attempt 1: started workers with pids [11, 12, 13, 14]',
+      '[worker 0] I1128 12:30:35.500000 1 loop.py:169] Training from step 0 to 1000000 (epoch 1 of 1, 1000000 steps each)',
+      '[worker 0] I1128 12:30:37.000000 1 log_line.py:49] step 64/1000000 epoch 1/1 (step 64 of 1000000) | loss 1.2 | ETA 0:10:02',
+      '[worker 0] I1128 12:30:37.100000 1 manager.py:205] Saved /tmp/x/workdir/checkpoints/ckpt-64',
+      '[worker 1] I1128 12:30:38.000000 1 log_line.py:49] step 256/1000000 epoch 1/1 (step 256 of 1000000) | loss 1.1 | ETA 0:10:01',
+      '[worker 0] I1128 12:30:38.000000 1 log_line.py:49] step 128/1000000 epoch 1/1 (step 128 of 1000000) | loss 1.1 | ETA 0:10:01']:
+    progress.read(line)
+  assert (progress.step, progress.logged) == (128, True)  # The chief's.
+  progress.killed()
+  assert progress.step == 64
+  progress.read('[worker 0] I1128 12:30:39.000000 1 log_line.py:49] step 192/1000000 epoch 1/1 (step 192 of 1000000) | loss 1 | ETA 0:10:00')
+  assert progress.step == 64  # The killed attempt's last loop is lost.
+  progress.read('[launch] attempt 2: started workers with pids [21, 22, 23, 24]')
+  progress.read('[worker 0] I1128 12:31:05.500000 1 loop.py:169] Training from step 64 to 1000000 (epoch 1 of 1, 1000000 steps each)')
+  progress.read('[worker 0] I1128 12:31:09.000000 1 log_line.py:49] step 128/1000000 epoch 1/1 (step 128 of 1000000) | loss 1 | ETA 0:10:00')
+  assert progress.step == 128
+  # A parameter-server job loses no steps to a worker's kill.
+  progress = preemption.Progress(preemption.Job('parameter_servers'))
+  progress.read('[chief] I1128 12:30:37.000000 1 log_line.py:49] step 64/1000000 epoch 1/1 (step 64 of 1000000) | loss 1.2 | ETA 0:10:02')
+  progress.killed()
+  assert progress.step == 64
+
+
+def test_the_same_seed_gives_the_same_kills_before_the_window_s_end():
+  schedule = preemption.Schedule.seeded(7, 4, window_seconds=120,
+                                        kill_every_seconds=30)
+  assert [seconds for seconds, _ in schedule.kills] == [30, 60, 90]
+  assert schedule == preemption.Schedule.seeded(7, 4, 120, 30)
+  assert all(0 <= worker < 4 for _, worker in schedule.kills)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kind', sorted(preemption.KINDS))
+def test_the_preemption_section_kills_a_worker_the_launcher_restarts(
+    kind, tmp_path):
+  # A real ctl.launch job of 2 workers (and, for parameter servers, a chief
+  # and a server), one of them killed 10 s into a window of 20 s.
+  seed = random.randrange(2**16)
+  print('seed', seed)
+  schedule = preemption.Schedule.seeded(seed, 2, window_seconds=20,
+                                        kill_every_seconds=10)
+  job = preemption.Job(kind, num_workers=2, checkpoint_seconds=1)
+  run = preemption.measure(job, str(tmp_path), schedule)
+  print(run)
+  assert run.steps_per_second > 0
+  (_, victim), = schedule.kills
+  (_, name, _), = run.kills
+  assert name == f'worker {victim}'
+  restart, = run.restarts  # The launcher's line that started it again.
+  if kind == 'parameter_servers':
+    assert f'{name} exited with -9; started again' in restart
+  else:  # Every worker restarted: the killed one's code is -9.
+    codes = re.search(r'workers exited with \[(.*)\]; restarting', restart)
+    assert int(codes[1].split(',')[victim]) == -9
