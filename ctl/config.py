@@ -204,12 +204,13 @@ def base_config() -> ml_collections.ConfigDict:
   # or ctl.launch restarts it; 0 waits forever); TensorFlow's own
   # registration of the tasks gets what is left of it.
   config.distribution.startup_timeout_seconds = 300.0
-  # Gradients are all-reduced in this dtype: 'float32', or 'bfloat16' /
-  # 'float16' to halve the bytes sent (at some precision).
+  # All-reduce in 'float32', or 'bfloat16' / 'float16': half the bytes sent.
   config.distribution.all_reduce_dtype = 'float32'
-  # Gradient packing: all-reduce gradients in packs of about this many
-  # bytes; 0 lets TensorFlow decide.
+  # All-reduce gradients in packs of about this many bytes (0: TF decides).
   config.distribution.bytes_per_pack = 0
+  # Parameter servers: a variable over this many bytes is split by rows over
+  # the servers, a shard each at most (README, "Sharded tables"); 0: none.
+  config.distribution.min_shard_bytes = 0
   return config
 
 

@@ -8,11 +8,10 @@ two `keras.layers.Embedding` tables and a small MLP on their product,
 binary cross-entropy on the click, AUC and accuracy evaluated, and a serving
 signature that takes ids and returns the click's probability.
 
-The tables are only ever read through their layers (never `embeddings` as
-one variable): nothing here assumes one variable per table. Sharding them
-over parameter servers waits on Keras, though: Keras 3.15 cannot take the
-gradient of, checkpoint or export a layer whose variable TensorFlow sharded
-(BUILD.md, "Facts checked on this stack").
+Keras 3.15 cannot take the gradient of, checkpoint or export a layer whose
+variable TensorFlow sharded over parameter servers (BUILD.md, "Facts
+checked on this stack"): experiments/recommend_sharded.py is this task
+with its tables as plain tf.Variables, which shard.
 """
 
 import keras
@@ -83,11 +82,19 @@ class Recommend(ctl.Task):
         self.config.optimizer.learning_rate)
     # Slots built now: a restored checkpoint must find them.
     self.optimizer.build(self.model.trainable_variables)
+    self.build_metrics()
+
+  def build_metrics(self) -> None:
+    """The click's accuracy in training; its AUC and accuracy evaluated."""
     self.train_metrics = [keras.metrics.BinaryAccuracy(name='accuracy',
                                                        threshold=0.0)]
     self.eval_metrics = [keras.metrics.AUC(name='auc', from_logits=True),
                          keras.metrics.BinaryAccuracy(name='accuracy',
                                                       threshold=0.0)]
+
+  def logits(self, ids: dict, training: bool) -> tf.Tensor:
+    """The click's logit of each (user, item) pair of ids: [n, 1]."""
+    return self.model(ids, training=training)
 
   def train_data(self, context: tf.distribute.InputContext) -> ctl.InMemory:
     del context  # ctl gives each worker and replica its share itself.
@@ -103,7 +110,7 @@ class Recommend(ctl.Task):
     ids, clicks = batch
     variables = self.model.trainable_variables
     with tf.GradientTape() as tape:
-      logits = self.model(ids, training=True)
+      logits = self.logits(ids, training=True)
       per_example_loss = keras.losses.binary_crossentropy(
           clicks, logits, from_logits=True)
       # Divided by the global batch: the replicas' summed gradients are the
@@ -121,7 +128,7 @@ class Recommend(ctl.Task):
   def eval_step(self, batch, ctx: ctl.StepContext) -> dict:
     del ctx
     ids, clicks = batch
-    logits = self.model(ids, training=False)
+    logits = self.logits(ids, training=False)
     for metric in self.eval_metrics:
       metric.update_state(clicks, logits)
     return {'loss': tf.reduce_mean(keras.losses.binary_crossentropy(
@@ -130,7 +137,7 @@ class Recommend(ctl.Task):
   def serving_signature(self) -> tf.types.experimental.GenericFunction:
     """Ids in, the click's probability out."""
     def serve(user, item):
-      logit = self.model({'user': user, 'item': item}, training=False)
+      logit = self.logits({'user': user, 'item': item}, training=False)
       return {'probability': tf.sigmoid(logit[:, 0])}
     return tf.function(serve, input_signature=[
         tf.TensorSpec([None], tf.int32, name='user'),

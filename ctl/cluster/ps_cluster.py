@@ -124,11 +124,33 @@ def build_coordinator(
       tf.train.ClusterSpec({job: list(cluster.jobs[job]) for job in PS_JOBS}),
       task_type=cluster.task_type, task_id=cluster.task_index,
       rpc_layer='grpc')
-  strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+  num_servers = len(cluster.jobs['ps'])
+  strategy = tf.distribute.experimental.ParameterServerStrategy(
+      resolver, variable_partitioner=partitioner(config, num_servers))
   tf.distribute.coordinator.ClusterCoordinator(strategy)
   logging.info('Coordinating %d worker(s) and %d parameter server(s).',
-               len(cluster.jobs['worker']), len(cluster.jobs['ps']))
+               len(cluster.jobs['worker']), num_servers)
   return strategy
+
+
+def partitioner(
+    config: ml_collections.ConfigDict, num_servers: int
+) -> tf.distribute.experimental.partitioners.Partitioner | None:
+  """What shards variables over the servers: TensorFlow's
+  MinSizePartitioner (a variable of more than config.min_shard_bytes bytes
+  is split by rows into shards of about that size, at most one a server);
+  None with min_shard_bytes 0, or one server, where nothing is split.
+
+  Args:
+    config: the `distribution` section (a config of an earlier release
+      may lack min_shard_bytes: none).
+    num_servers: the job's parameter servers.
+  """
+  min_shard_bytes = config.get('min_shard_bytes') or 0
+  if not min_shard_bytes or num_servers < 2:
+    return None
+  return tf.distribute.experimental.partitioners.MinSizePartitioner(
+      min_shard_bytes=min_shard_bytes, max_shards=num_servers)
 
 
 def lost_server_failure() -> errors.PeerFailure | None:

@@ -34,6 +34,7 @@ from ctl.data import inputs
 from ctl.cluster import distribution
 from ctl.cluster import watchdog as watchdog_lib
 from ctl.runtime import tf_internals
+from ctl.training import sharding
 from ctl.training import state as state_lib
 
 
@@ -112,6 +113,9 @@ def assemble(config: ml_collections.ConfigDict,
     task.build()
     state = state_lib.TrainState()
   check_nothing_shadowed(task, config)
+  if (distribution.is_parameter_server(strategy) and
+      config.distribution.get('min_shard_bytes')):
+    sharding.check_task(task, config.distribution)
   if strategy.num_replicas_in_sync > 1:
     check_no_keras_accumulation(task)
   return Assembled(task, state, length, context, train_data,

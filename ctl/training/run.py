@@ -30,6 +30,7 @@ from ctl.runtime import workdir as workdir_lib
 from ctl.training import checkpoint_evaluation
 from ctl.training import failures
 from ctl.training import job as job_lib
+from ctl.training import sharding
 from ctl.training import trainer as trainer_lib
 
 
@@ -122,6 +123,8 @@ def _set_up(
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   strategy, role = distribution.build_strategy(config.distribution)
+  if config.distribution.get('min_shard_bytes'):
+    sharding.check_strategy(config.distribution, strategy, role)
   return task_class, strategy, role
 
 
