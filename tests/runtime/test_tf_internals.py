@@ -200,6 +200,7 @@ print('seen', sorted(collections.Counter(
 '''
 
 
+@pytest.mark.slow
 def test_each_worker_of_a_parameter_server_job_gets_its_own_input_context():
   # TensorFlow's create_per_worker_dataset gives both workers input
   # pipeline 0 of 1; per_worker_iterator gives worker i pipeline i of 2.
