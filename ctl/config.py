@@ -187,9 +187,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.distribution.cluster_resolver = 'auto'
   # Under Slurm, when Slurm reserved no ports for the step
   # (SLURM_STEP_RESV_PORTS), the task of local index i on a node listens on
-  # this port + i (8888 and up, as TensorFlow's SlurmClusterResolver). Open
-  # these ports between the nodes.
+  # this port + i (8888 and up, as TensorFlow's SlurmClusterResolver).
   config.distribution.slurm_port_base = 8888
+  # Under Slurm, the step's last slurm_num_ps tasks are parameter servers.
+  config.distribution.slurm_num_ps = 0
   # Cross-worker all-reduce: 'AUTO', 'RING' or 'NCCL'.
   config.distribution.collective = 'AUTO'
   # Seconds a worker may go without progress (a step, an evaluation batch,

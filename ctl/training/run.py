@@ -67,7 +67,8 @@ def train_and_evaluate(
   if strategy is None or role.task_type == 'evaluator':
     return _serve_or_evaluate(config, workdir, strategy, role, on_finish)
   _log_place_in_cluster(role, strategy)
-  watchdog, status, dumps = _watchdog_and_status(config, workdir, role)
+  watchdog, status, dumps = _watchdog_and_status(config, workdir, role,
+                                                 _ps_job(strategy))
   trainer = None
   with tf_process.StopSignal() as stop_signal, workdir_lib.Lock(
       workdir, enabled=role.is_chief) as workdir_lock, (
@@ -133,20 +134,30 @@ def _log_place_in_cluster(role: distribution.Role,
                strategy.num_replicas_in_sync, role.is_chief)
 
 
+def _ps_job(strategy: tf.distribute.Strategy) -> dict[str, int] | None:
+  """A parameter-server job's task counts by job (its chief's status file
+  says them, for ctl.status); None for another strategy."""
+  if not distribution.is_parameter_server(strategy):
+    return None
+  spec = strategy.cluster_resolver.cluster_spec()
+  return {job: spec.num_tasks(job) for job in spec.jobs}
+
+
 def _watchdog_and_status(
     config: ml_collections.ConfigDict, workdir: str,
-    role: distribution.Role
+    role: distribution.Role, ps_job: dict[str, int] | None = None
 ) -> tuple[watchdog_lib.Watchdog | None, worker_status.WorkerStatus,
            list[str]]:
   """What watches a training task: its watchdog (None for a job of one
-  worker, which waits on no peer), its worker status, and the list where
-  the watchdog's diagnostics dump goes when it aborts."""
+  worker, which waits on no peer), its worker status (ps_job: the chief's
+  of a parameter-server job, `_ps_job`), and the list where the
+  watchdog's diagnostics dump goes when it aborts."""
   timeout_seconds = config.distribution.timeout_seconds
   if role.num_workers == 1:
     # Nothing to bound, compare or time against peers: the status file is
     # written by the training thread itself (ctl/cluster/worker_status.py).
     return None, worker_status.WorkerStatus(
-        workdir, timeout_seconds=timeout_seconds), []
+        workdir, timeout_seconds=timeout_seconds, job=ps_job), []
   # Bounds every wait for a peer while the task is built and trained.
   watchdog = watchdog_lib.Watchdog(timeout_seconds)
   status = worker_status.WorkerStatus(
@@ -178,7 +189,8 @@ def _raise_what_it_means(error: Exception, config: ml_collections.ConfigDict,
   """
   if isinstance(error, errors.CtlError):
     return  # Says what it means already.
-  failure = ps_cluster.lost_server_failure()
+  failure = ps_cluster.lost_server_failure(
+      distribution.read_cluster(config.distribution))
   if failure is not None:
     raise failure from error
   if not isinstance(error, (tf.errors.OpError, OSError)):
