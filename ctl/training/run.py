@@ -52,8 +52,7 @@ def train_and_evaluate(
     start_up: its start-up so far (default: from the process's start).
 
   Returns:
-    The results: final step, epoch and evaluation metrics, as saved in
-    workdir/results.json.
+    The results: final step, epoch and eval metrics (workdir/results.json).
 
   Raises:
     ConfigError: the config cannot work; nothing was written.
@@ -68,7 +67,7 @@ def train_and_evaluate(
     return _serve_or_evaluate(config, workdir, strategy, role, on_finish)
   _log_place_in_cluster(role, strategy)
   watchdog, status, dumps = _watchdog_and_status(config, workdir, role,
-                                                 _ps_job(strategy))
+                                                 _ps_job(config, strategy))
   trainer = None
   with tf_process.StopSignal() as stop_signal, workdir_lib.Lock(
       workdir, enabled=role.is_chief) as workdir_lock, (
@@ -134,13 +133,14 @@ def _log_place_in_cluster(role: distribution.Role,
                strategy.num_replicas_in_sync, role.is_chief)
 
 
-def _ps_job(strategy: tf.distribute.Strategy) -> dict[str, int] | None:
+def _ps_job(config: ml_collections.ConfigDict,
+            strategy: tf.distribute.Strategy) -> dict[str, int] | None:
   """A parameter-server job's task counts by job (its chief's status file
   says them, for ctl.status); None for another strategy."""
   if not distribution.is_parameter_server(strategy):
     return None
-  spec = strategy.cluster_resolver.cluster_spec()
-  return {job: spec.num_tasks(job) for job in spec.jobs}
+  cluster = distribution.read_cluster(config.distribution)
+  return {job: len(cluster.jobs[job]) for job in ps_cluster.PS_JOBS}
 
 
 def _watchdog_and_status(
