@@ -185,11 +185,11 @@ def base_config() -> ml_collections.ConfigDict:
   # sets for each task of a step; 'auto' TF_CONFIG when it is set, else
   # Slurm's when srun started the process, else none (one process).
   config.distribution.cluster_resolver = 'auto'
-  # Under Slurm, when Slurm reserved no ports for the step
-  # (SLURM_STEP_RESV_PORTS), the task of local index i on a node listens on
-  # this port + i (8888 and up, as TensorFlow's SlurmClusterResolver). Open
-  # these ports between the nodes.
+  # Under Slurm: with no ports reserved for the step (SLURM_STEP_RESV_PORTS),
+  # the task of local index i on a node listens on slurm_port_base + i (8888
+  # up, as TF's SlurmClusterResolver); the last slurm_num_ps tasks are servers.
   config.distribution.slurm_port_base = 8888
+  config.distribution.slurm_num_ps = 0
   # Cross-worker all-reduce: 'AUTO', 'RING' or 'NCCL'.
   config.distribution.collective = 'AUTO'
   # Seconds a worker may go without progress (a step, an evaluation batch,
@@ -208,8 +208,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.distribution.all_reduce_dtype = 'float32'
   # All-reduce gradients in packs of about this many bytes (0: TF decides).
   config.distribution.bytes_per_pack = 0
-  # Parameter servers: a variable over this many bytes is split by rows over
-  # the servers, a shard each at most (README, "Sharded tables"); 0: none.
+  # Parameter servers: split variables over this many bytes by rows over the
+  # servers, a shard each at most (README, "Sharded tables"); 0: none.
   config.distribution.min_shard_bytes = 0
   return config
 

@@ -71,7 +71,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
               'distribution.startup_timeout_seconds', 'profile.start_step',
               'evaluation.timeout_seconds', 'rollback.max_rollbacks',
               'rollback.factor', 'distribution.min_shard_bytes',
-              'profile.num_steps'):
+              'distribution.slurm_num_ps', 'profile.num_steps'):
     _check(config, key, lambda value: value >= 0, 'must not be negative')
   for key in ('optimizer.learning_rate', 'diagnostics.straggler_seconds'):
     _check(config, key, lambda value: value > 0, 'must be positive')

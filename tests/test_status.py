@@ -236,6 +236,38 @@ def test_each_worker_judged_by_the_evidence(finished, tmp_path):
                    answer(workdir))
 
 
+PS_JOB = {'chief': 1, 'worker': 2, 'ps': 1}
+
+
+def test_a_parameter_server_job_is_its_chiefs_file(finished, tmp_path):
+  # Its workers and servers write no status file: the chief's (the loop's
+  # one worker) says what the job is, and their silence is no hang.
+  workdir = copy_of(finished, tmp_path)
+  _put(workdir / 'workers' / 'worker-0.json',
+       {**_worker_file(workdir), 'job': PS_JOB})
+  shown = answer(workdir)
+  assert f'{workdir}: FINISHED: training finished (exit code 0)' in shown
+  assert ('  parameter-server job: the chief coordinates 2 worker(s) and 1 '
+          'parameter server(s), which write no status file' in shown), shown
+  assert re.search(r'\n    the chief \S+ pid \d+: finished, finished, '
+                   r'step 88', shown), shown
+  assert 'workers (' not in shown and 'worker 0' not in shown
+  os.remove(workdir / 'results.json')
+  _running(workdir, step=40, job=PS_JOB)
+  shown = answer(workdir)
+  assert f'{workdir}: RUNNING: training' in shown, shown
+  assert 'step 88 of 88, ' in shown  # Its latest checkpoint's step.
+  gone = subprocess.Popen(['true'])
+  gone.wait()
+  _running(workdir, step=40, pid=gone.pid, job=PS_JOB)
+  assert (f'{workdir}: FAILED: the chief ({socket.gethostname()}, pid '
+          f'{gone.pid}) is gone: its process no longer exists'
+          in answer(workdir))
+  _put(workdir / 'workers' / 'worker-0.json',
+       {**_worker_file(workdir), 'job': {'ps': 'one'}})
+  assert re.search(r'\S+worker-0.json is not what ctl writes there: its '
+                   r'"job" is', answer(workdir))
+
 def test_not_a_workdir(tmp_path):
   other = tmp_path / 'other tool'
   other.mkdir()

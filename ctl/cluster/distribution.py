@@ -38,8 +38,7 @@ class Role:
   is_chief: bool  # The chief alone writes checkpoints, summaries and results.
   # The job's other tasks, as 'worker:1'; none for a single process.
   peers: tuple[str, ...] = ()
-  # Whether the cluster has an evaluator task, which then evaluates the
-  # chief's checkpoints instead of the training tasks.
+  # Whether an evaluator task evaluates the chief's checkpoints instead.
   has_evaluator: bool = False
 
   @property
@@ -53,7 +52,6 @@ class Role:
         peer.startswith('chief:') for peer in self.peers):
       return self.task_id + 1
     return self.task_id
-
 
 
 def build_strategy(
@@ -74,15 +72,9 @@ def build_strategy(
     Preempted: SIGTERM came while this task waited for the cluster.
     CtlError: this task cannot listen at its TF_CONFIG address.
   """
-  cluster = _read_cluster(config)
+  cluster = read_cluster(config)
   has_ps = (cluster is not None and 'ps' in cluster.jobs and  # Only then
             ps_cluster.has_ps(cluster, config.strategy))  # runs ps_cluster.
-  if _choose_kind(config.strategy, cluster is not None,
-                  has_ps) == 'parameter_server':
-    # To the loop, the chief (coordinator) is a job of one worker.
-    return ps_cluster.build(config, cluster), Role(
-        task_type=cluster.task_type, task_id=cluster.task_index,
-        num_workers=1, is_chief=cluster.task_type == 'chief')
   if cluster is not None and cluster.task_type == 'evaluator':
     logging.info('Cluster: this task is %s, the evaluator: it evaluates the '
                  "chief's checkpoints on its own devices, outside training.",
@@ -91,6 +83,12 @@ def build_strategy(
                                             has_cluster=False))
     return strategy, Role(task_type='evaluator', task_id=cluster.task_index,
                           num_workers=1, is_chief=False)
+  if _choose_kind(config.strategy, cluster is not None,
+                  has_ps) == 'parameter_server':
+    # To the loop, the chief (coordinator) is a job of one worker.
+    return ps_cluster.build(config, cluster), Role(
+        cluster.task_type, cluster.task_index, num_workers=1,
+        is_chief=cluster.is_chief, has_evaluator=cluster.has_evaluator)
   kind = _choose_kind(config.strategy, has_cluster=cluster is not None)
   if kind == 'multi_worker':
     if cluster is None:
@@ -114,7 +112,7 @@ def serve_parameter_server_task(config: ml_collections.ConfigDict,
                                 workdir: str) -> dict:
   """A parameter-server job's worker or server task: serves until the
   chief marks the job done (ctl/cluster/ps_cluster.py)."""
-  return ps_cluster.serve(config, workdir, _read_cluster(config))
+  return ps_cluster.serve(config, workdir, read_cluster(config))
 
 
 def local_strategy(config: ml_collections.ConfigDict
@@ -136,7 +134,7 @@ def _local_strategy(kind: str) -> tf.distribute.Strategy:
   return tf.distribute.get_strategy()
 
 
-def _read_cluster(
+def read_cluster(
     config: ml_collections.ConfigDict) -> cluster_lib.Cluster | None:
   """The cluster that config.cluster_resolver reads, checked; None for one
   process.
@@ -157,7 +155,8 @@ def _read_cluster(
     else:
       return None
   if resolver == 'slurm':
-    return slurm.from_environment(os.environ, config.slurm_port_base)
+    return slurm.from_environment(os.environ, config.slurm_port_base,
+                                  config.slurm_num_ps)
   return cluster_lib.from_tf_config(os.environ.get('TF_CONFIG'))
 
 

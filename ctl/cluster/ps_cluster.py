@@ -81,7 +81,8 @@ def build(config: ml_collections.ConfigDict,
 
 def check_cluster(cluster: cluster_lib.Cluster) -> None:
   """Raises ConfigError unless the cluster can run parameter-server
-  training: one chief (the coordinator), workers, servers, no evaluator."""
+  training: one chief (the coordinator), workers and servers; an
+  evaluator task, if any, evaluates the chief's checkpoints beside them."""
   missing = [job for job in PS_JOBS if job not in cluster.jobs]
   if missing:
     raise errors.ConfigError(
@@ -89,13 +90,6 @@ def check_cluster(cluster: cluster_lib.Cluster) -> None:
         f'"chief" (the coordinator), "worker" and "ps" in {cluster.source}; '
         f'it has no {" or ".join(json_name(job) for job in missing)}. '
         'ctl.launch --num_workers=N --num_ps=K starts such a job.')
-  others = sorted(set(cluster.jobs) - set(PS_JOBS))
-  if others:
-    raise errors.ConfigError(
-        "distribution.strategy='parameter_server' runs the jobs chief, "
-        f'worker and ps; {cluster.source} also names '
-        f'{", ".join(json_name(job) for job in others)}, which it cannot run '
-        'yet (evaluation runs on the chief): remove it.')
 
 
 def json_name(job: str) -> str:
@@ -153,13 +147,14 @@ def partitioner(
       min_shard_bytes=min_shard_bytes, max_shards=num_servers)
 
 
-def lost_server_failure() -> errors.PeerFailure | None:
-  """What an error means while a parameter server of the job (TF_CONFIG's
-  "ps" tasks) no longer listens at its address: exit 43, naming it; None
-  in any other job, or while every server listens. Whatever the error: a
-  lost server fails a loop of steps, a save or an evaluation (each reads
-  the servers' variables), mostly with an UnavailableError."""
-  cluster = cluster_lib.from_tf_config(os.environ.get('TF_CONFIG'))
+def lost_server_failure(
+    cluster: cluster_lib.Cluster | None) -> errors.PeerFailure | None:
+  """What an error means while a parameter server of the job (the
+  cluster's "ps" tasks, from TF_CONFIG or Slurm's variables) no longer
+  listens at its address: exit 43, naming it; None in any other job, or
+  while every server listens. Whatever the error: a lost server fails a
+  loop of steps, a save or an evaluation (each reads the servers'
+  variables), mostly with an UnavailableError."""
   lost = [f'ps:{index}' for index, address in
           enumerate(cluster.jobs.get('ps', ()) if cluster else ())
           if not listens(address)]
@@ -210,16 +205,17 @@ def listens(address: str) -> bool:
 def serve(config: ml_collections.ConfigDict, workdir: str,
           cluster: cluster_lib.Cluster) -> dict:
   """A worker's or server's life: TensorFlow's server, until the chief
-  marks the job done and has exited (returns), or SIGTERM (raises
-  Preempted: exit 42).
+  marks the job done and has exited (returns), SIGTERM (raises Preempted:
+  exit 42), or until the chief has not listened for too long
+  (`_check_chief`; raises PeerFailure: exit 43): a chief that failed or
+  was killed marks nothing, and under Slurm no one else ends the step's
+  other tasks.
 
   Args:
-    config: the `distribution` section (not read yet: the same config on
-      every task).
+    config: the `distribution` section.
     workdir: where the chief marks the job's end.
     cluster: the job, and which task of it this is.
   """
-  del config
   before = storage.read_text(workdir_lib.job_done_path(workdir))
   server = tf.distribute.Server(
       tf.train.ClusterSpec({job: list(cluster.jobs[job]) for job in PS_JOBS}),
@@ -230,14 +226,20 @@ def serve(config: ml_collections.ConfigDict, workdir: str,
   logging.info('Serving as %s at %s until the chief marks the job done (%s) '
                'or SIGTERM.', cluster.task_name, cluster.address,
                workdir_lib.job_done_path(workdir))
-  done_since = None
+  done_since = chief_seen = None
+  started = time.monotonic()
   with _Stop() as stop:
     while not stop.event.wait(_POLL_SECONDS):
+      chief_listens = listens(cluster.address_of('chief:0'))
+      now = time.monotonic()
+      chief_seen = now if chief_listens else chief_seen
       if done_since is None:
         done = storage.read_text(workdir_lib.job_done_path(workdir))
-        done_since = time.monotonic() if done and done != before else None
-      elif (not listens(cluster.address_of('chief:0')) or
-            time.monotonic() - done_since > _LEAVE_AFTER_SECONDS):
+        done_since = now if done and done != before else None
+        if done_since is None:
+          _check_chief(config, cluster, now - (chief_seen or started),
+                       seen=chief_seen is not None)
+      elif not chief_listens or now - done_since > _LEAVE_AFTER_SECONDS:
         logging.info('The chief marked the job done: %s leaves (its server '
                      'served at %s).', cluster.task_name, server.target)
         return {'served': cluster.task_name}
@@ -254,6 +256,23 @@ _WHAT_FOLLOWS = {
           'variables lived here). Start the job again: it resumes from the '
           'latest checkpoint.',
 }
+
+
+def _check_chief(config: ml_collections.ConfigDict,
+                 cluster: cluster_lib.Cluster, silent_seconds: float,
+                 seen: bool) -> None:
+  """Raises PeerFailure (exit 43) once the chief has not listened for too
+  long: config.timeout_seconds since it last did, or, before it first
+  did, config.startup_timeout_seconds (as long as it waits for this task:
+  it listens once every task does, build_coordinator); 0 waits forever."""
+  field = 'timeout_seconds' if seen else 'startup_timeout_seconds'
+  limit = config[field]
+  if limit and silent_seconds > limit:
+    raise errors.PeerFailure(
+        f'The chief (chief:0 at {cluster.address_of("chief:0")}) has not '
+        f'answered for {limit:g} s (distribution.{field}) and did not mark '
+        f'the job done: {cluster.task_name} leaves. Start the job again '
+        '(every task): it resumes from the latest checkpoint.')
 
 
 def mark_job_done(workdir: str) -> None:

@@ -8,6 +8,12 @@ each (SLURM_STEP_TASKS_PER_NODE, like `2(x3),1`), which one this is
 `MpiParams=ports=...`, the ports Slurm reserved for the step on each of its
 nodes (SLURM_STEP_RESV_PORTS). Every task reads the same cluster from them:
 job 'worker', one task per Slurm task in rank order, task 0 the chief.
+With distribution.slurm_num_ps=K (a parameter-server job), task 0 is the
+'chief' (the coordinator), the last K tasks are the 'ps' servers and the
+others the 'worker's: the chief stays task 0 (the first task on the first
+node, where the batch script runs), and with srun's block placement the
+servers are the last node's tasks, a node of their own when its tasks
+are all servers.
 
 TensorFlow's own SlurmClusterResolver reads the same variables, but runs
 `nvidia-smi` (an uncaught FileNotFoundError on a node without it) and
@@ -42,23 +48,26 @@ def started_by_srun(environ: Mapping[str, str]) -> bool:
   return all(name in environ for name in _STEP_VARIABLES)
 
 
-def from_environment(environ: Mapping[str, str],
-                     port_base: int) -> cluster_lib.Cluster | None:
+def from_environment(environ: Mapping[str, str], port_base: int,
+                     num_ps: int = 0) -> cluster_lib.Cluster | None:
   """The cluster of the Slurm step this process is a task of.
 
   Args:
     environ: the process's environment (os.environ), or a dict in tests.
     port_base: without ports reserved by Slurm, the task with local index
       i on a node listens on port_base + i (distribution.slurm_port_base).
+    num_ps: how many of the step's tasks are parameter servers, the last
+      ones (distribution.slurm_num_ps); 0 for none.
 
   Returns:
-    The cluster, job 'worker' with one task per Slurm task, or None for a
-    step of one task (a single process).
+    The cluster (`_cluster`: job 'worker', one task per Slurm task, or
+    with num_ps the jobs of parameter servers), or None for a step of one
+    task (a single process).
 
   Raises:
     ConfigError: a variable is missing or malformed, the variables
       disagree, or the tasks are not placed in blocks (srun's default
-      distribution); the message names the variable.
+      distribution), naming the variable; or num_ps leaves no worker.
   """
   for name in _STEP_VARIABLES:
     if name not in environ:
@@ -70,6 +79,7 @@ def from_environment(environ: Mapping[str, str],
           'when srun sets them.')
   num_tasks = _integer(environ, 'SLURM_STEP_NUM_TASKS', minimum=1)
   rank = _integer(environ, 'SLURM_PROCID', minimum=0)
+  _check_num_ps(num_ps, num_tasks)
   if num_tasks == 1:
     logging.info('Slurm step of one task: a single process.')
     return None
@@ -93,8 +103,45 @@ def from_environment(environ: Mapping[str, str],
       environ.get('SLURM_JOB_ID', '?'), environ.get('SLURM_STEP_ID', '?'),
       num_tasks, len(hosts), environ['SLURM_STEP_TASKS_PER_NODE'],
       port_source, environ.get('CUDA_VISIBLE_DEVICES', '(not set: all)'))
-  return cluster_lib.Cluster({'worker': addresses}, 'worker', rank,
-                             source='Slurm\'s SLURM_STEP_* variables')
+  return _cluster(addresses, rank, num_ps)
+
+
+def _check_num_ps(num_ps: int, num_tasks: int) -> None:
+  """Raises ConfigError unless num_ps servers leave the step a chief and
+  a worker (or num_ps is 0)."""
+  if num_ps and not 1 <= num_ps <= num_tasks - 2:
+    allowed = (f'1 to {num_tasks - 2}' if num_tasks > 2 else
+               'none: ask srun for 3 tasks or more')
+    raise errors.ConfigError(
+        f'distribution.slurm_num_ps={num_ps}, but the Slurm step has '
+        f'{num_tasks} task(s) (SLURM_STEP_NUM_TASKS): a parameter-server '
+        'job needs task 0 as its chief, at least one worker and at least '
+        f'one server, so the last {allowed} task(s) can be servers (0: '
+        'a job without servers).')
+
+
+def _cluster(addresses: tuple[str, ...], rank: int,
+             num_ps: int) -> cluster_lib.Cluster:
+  """The step's cluster, its tasks in rank order: job 'worker' (rank 0 the
+  chief); with num_ps servers, rank 0 the 'chief', the last num_ps ranks
+  'ps' and the ranks between 'worker'."""
+  source = "Slurm's SLURM_STEP_* variables"
+  if not num_ps:
+    return cluster_lib.Cluster({'worker': addresses}, 'worker', rank,
+                               source=source)
+  first_server = len(addresses) - num_ps
+  jobs = {'chief': addresses[:1], 'worker': addresses[1:first_server],
+          'ps': addresses[first_server:]}
+  task_type, task_index = (
+      ('chief', 0) if rank == 0 else ('ps', rank - first_server)
+      if rank >= first_server else ('worker', rank - 1))
+  logging.info('distribution.slurm_num_ps=%d: task 0 is the chief, tasks '
+               '%d to %d the parameter servers, the others the workers; '
+               'this task (%d) is %s:%d.', num_ps, first_server,
+               len(addresses) - 1, rank, task_type, task_index)
+  return cluster_lib.Cluster(
+      jobs, task_type, task_index,
+      source=f'{source} with distribution.slurm_num_ps={num_ps}')
 
 
 def expand_hostlist(text: str) -> list[str]:

@@ -100,10 +100,12 @@ class WorkerStatus:
   def __init__(self, workdir: str | None, *, worker_index: int = 0,
                num_workers: int = 1, timeout_seconds: float = 0.0,
                progress_age: Callable[[], float] = lambda: 0.0,
-               on_report=None, input_wait=None):
+               on_report=None, input_wait=None,
+               job: dict[str, int] | None = None):
     """Args as named.
 
     Args:
+      job: a parameter-server job's task counts by job, on its chief's.
       progress_age: seconds since this worker last made progress (the
         watchdog's seconds_since_progress).
       on_report: the chief's look at every worker's file, on the writer
@@ -133,7 +135,7 @@ class WorkerStatus:
                               if self._threaded else None),
         'started': time.time(), 'state': RUNNING, 'phase': 'start-up',
         'phase_time': time.time(),
-        'step': None, 'reason': None, 'exit_code': None,
+        'step': None, 'reason': None, 'exit_code': None, 'job': job,
     }
     self._seconds = collections.defaultdict(float)  # Since the last report.
     self._reports = collections.deque(maxlen=REPORTS_KEPT)

@@ -186,7 +186,11 @@ def _check_worker(content, index: int) -> str | None:
       'exit_code': (_optional(lambda value: isinstance(value, int)),
                     'an exit code'),
       'reports': (_optional(lambda value: isinstance(value, list)),
-                  'a list of reports')})
+                  'a list of reports'),
+      # A parameter-server job's chief: its tasks by job.
+      'job': (_optional(lambda value: isinstance(value, dict) and all(
+          isinstance(job, str) and _is_count(count)
+          for job, count in value.items())), 'task counts by job')})
   if wrong:
     return wrong
   for report in content.get('reports') or []:

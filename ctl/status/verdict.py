@@ -100,14 +100,20 @@ def run_state(workers: dict[int, dict],
 
 def who(status: dict) -> str:
   """A worker by its index, host and pid."""
-  return f'worker {status["worker"]} ({status["host"]}, pid {status["pid"]})'
+  return f'{name(status)} ({status["host"]}, pid {status["pid"]})'
+
+
+def name(status: dict) -> str:
+  """'worker <i>'; 'the chief' of a parameter-server job, whose workers
+  and servers write no status file (its chief is the loop's one worker)."""
+  return 'the chief' if status.get('job') else f'worker {status["worker"]}'
 
 
 def _ended(status: dict) -> str:
   """How a worker ended, by its file."""
   if status['exit_code'] is None:
-    return f'worker {status["worker"]} {status["state"]}: {status["reason"]}'
-  return (f'worker {status["worker"]} exited with code '
+    return f'{name(status)} {status["state"]}: {status["reason"]}'
+  return (f'{name(status)} exited with code '
           f'{status["exit_code"]}: {status["reason"]}')
 
 

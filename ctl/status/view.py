@@ -98,7 +98,8 @@ def _workers(workers: dict[int, dict],
   if not workers:
     return []
   size = workers[min(workers)]['num_workers']
-  lines = [f'  workers ({size}):']
+  job = workers[min(workers)].get('job')
+  lines = [_parameter_server_job(job) if job else f'  workers ({size}):']
   for index in range(size):
     status = workers.get(index)
     if status is None:
@@ -111,7 +112,8 @@ def _workers(workers: dict[int, dict],
     seconds = report.get('seconds', {})
     speed = report.get('steps_per_second')
     lines.append(
-        f'    worker {index} {status["host"]} pid {status["pid"]}: {what}, '
+        f'    {verdict.name(status)} {status["host"]} pid {status["pid"]}: '
+        f'{what}, '
         f'{status["phase"]}, step {status["step"]}' +
         (f', {speed:.3g} steps/s' if speed else '') +
         (f', training {seconds["training"]:.3g} s (CPU '
@@ -119,6 +121,14 @@ def _workers(workers: dict[int, dict],
          if 'training' in seconds else '') +
         f', status {verdict.age(now - status["time"])} old')
   return lines
+
+
+def _parameter_server_job(job: dict[str, int]) -> str:
+  """What a parameter-server job's chief's file says of the job."""
+  return (f'  parameter-server job: the chief coordinates '
+          f'{job.get("worker", 0)} worker(s) and {job.get("ps", 0)} '
+          'parameter server(s), which write no status file (a worker lost '
+          'leaves its steps to the others; a server lost stops the chief):')
 
 
 def _stragglers(found: evidence_lib.Evidence) -> list[str]:

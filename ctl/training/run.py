@@ -53,8 +53,7 @@ def train_and_evaluate(
     start_up: its start-up so far (default: from the process's start).
 
   Returns:
-    The results: final step, epoch and evaluation metrics, as saved in
-    workdir/results.json.
+    The results: final step, epoch and eval metrics (workdir/results.json).
 
   Raises:
     ConfigError: the config cannot work; nothing was written.
@@ -68,7 +67,8 @@ def train_and_evaluate(
   if strategy is None or role.task_type == 'evaluator':
     return _serve_or_evaluate(config, workdir, strategy, role, on_finish)
   _log_place_in_cluster(role, strategy)
-  watchdog, status, dumps = _watchdog_and_status(config, workdir, role)
+  watchdog, status, dumps = _watchdog_and_status(config, workdir, role,
+                                                 _ps_job(config, strategy))
   trainer = None
   with tf_process.StopSignal() as stop_signal, workdir_lib.Lock(
       workdir, enabled=role.is_chief) as workdir_lock, (
@@ -136,20 +136,31 @@ def _log_place_in_cluster(role: distribution.Role,
                strategy.num_replicas_in_sync, role.is_chief)
 
 
+def _ps_job(config: ml_collections.ConfigDict,
+            strategy: tf.distribute.Strategy) -> dict[str, int] | None:
+  """A parameter-server job's task counts by job (its chief's status file
+  says them, for ctl.status); None for another strategy."""
+  if not distribution.is_parameter_server(strategy):
+    return None
+  cluster = distribution.read_cluster(config.distribution)
+  return {job: len(cluster.jobs[job]) for job in ps_cluster.PS_JOBS}
+
+
 def _watchdog_and_status(
     config: ml_collections.ConfigDict, workdir: str,
-    role: distribution.Role
+    role: distribution.Role, ps_job: dict[str, int] | None = None
 ) -> tuple[watchdog_lib.Watchdog | None, worker_status.WorkerStatus,
            list[str]]:
   """What watches a training task: its watchdog (None for a job of one
-  worker, which waits on no peer), its worker status, and the list where
-  the watchdog's diagnostics dump goes when it aborts."""
+  worker, which waits on no peer), its worker status (ps_job: the chief's
+  of a parameter-server job, `_ps_job`), and the list where the
+  watchdog's diagnostics dump goes when it aborts."""
   timeout_seconds = config.distribution.timeout_seconds
   if role.num_workers == 1:
     # Nothing to bound, compare or time against peers: the status file is
     # written by the training thread itself (ctl/cluster/worker_status.py).
     return None, worker_status.WorkerStatus(
-        workdir, timeout_seconds=timeout_seconds), []
+        workdir, timeout_seconds=timeout_seconds, job=ps_job), []
   # Bounds every wait for a peer while the task is built and trained.
   watchdog = watchdog_lib.Watchdog(timeout_seconds)
   status = worker_status.WorkerStatus(
@@ -181,7 +192,8 @@ def _raise_what_it_means(error: Exception, config: ml_collections.ConfigDict,
   """
   if isinstance(error, errors.CtlError):
     return  # Says what it means already.
-  failure = ps_cluster.lost_server_failure()
+  failure = ps_cluster.lost_server_failure(
+      distribution.read_cluster(config.distribution))
   if failure is not None:
     raise failure from error
   if not isinstance(error, (tf.errors.OpError, OSError)):

@@ -17,6 +17,7 @@ from ctl import config as config_lib
 from ctl import errors
 from ctl.cluster import distribution
 from ctl.cluster import ps_cluster
+from ctl.cluster import tf_config as cluster_lib
 import helpers
 
 PS = '--config.distribution.strategy=parameter_server'
@@ -198,21 +199,19 @@ def test_a_lost_server_stops_the_chief_with_43_naming_it_then_it_resumes(
   assert helpers.read_results(workdir)['step'] == 176
 
 
-def test_any_error_while_a_server_is_gone_is_a_lost_server(monkeypatch):
+def test_any_error_while_a_server_is_gone_is_a_lost_server():
   # Whatever the error a lost server causes, the servers decide.
   port = portpicker.pick_unused_port()
-  monkeypatch.setenv('TF_CONFIG', json.dumps({
+  cluster = cluster_lib.from_tf_config(json.dumps({
       'cluster': {'chief': ['localhost:1'], 'worker': ['localhost:2'],
                   'ps': [f'localhost:{port}']},
       'task': {'type': 'chief', 'index': 0}}))
-  error = TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
-  failure = ps_cluster.lost_server_failure()
+  failure = ps_cluster.lost_server_failure(cluster)
   assert isinstance(failure, errors.PeerFailure), failure
   assert 'ps:0 stopped answering' in str(failure)
   with socket.create_server(('localhost', port)):
-    assert ps_cluster.lost_server_failure() is None  # It listens.
-  monkeypatch.setenv('TF_CONFIG', '')
-  assert ps_cluster.lost_server_failure() is None  # Not a PS job.
+    assert ps_cluster.lost_server_failure(cluster) is None  # It listens.
+  assert ps_cluster.lost_server_failure(None) is None  # Not a PS job.
 
 
 def _config(**fields):
@@ -253,8 +252,6 @@ def _tf_config(jobs: dict, task_type: str) -> str:
     ('parameter_server', None, 'needs a cluster'),
     ('parameter_server', {'worker': 2, 'ps': 1}, 'it has no "chief"'),
     ('parameter_server', {'chief': 1, 'worker': 1}, 'it has no "ps"'),
-    ('parameter_server', {'chief': 1, 'worker': 1, 'ps': 1, 'evaluator': 1},
-     'also names "evaluator"'),
     ('multi_worker', {'chief': 1, 'worker': 1, 'ps': 1},
      'names "ps" tasks'),
 ])
@@ -290,3 +287,19 @@ def test_a_sigtermed_server_says_what_its_leaving_means(tmp_path):
       'training stops with exit 43 naming it' in server.output
   assert 'other workers' not in server.output
 
+
+@pytest.mark.slow
+def test_a_server_whose_chief_never_answers_leaves_with_43(tmp_path):
+  # No one else ends a Slurm step's tasks: a worker or server whose chief
+  # is gone (here: never started) leaves by itself, in bounded time.
+  run = helpers.run_ctl(
+      f'--config={helpers.DIGITS}',
+      '--config.distribution.startup_timeout_seconds=5',
+      f'--workdir={tmp_path / "w"}',
+      env=helpers.env_with(TF_CONFIG=_tf_config(
+          {'chief': 1, 'worker': 1, 'ps': 1}, 'ps')), timeout=300)
+  assert run.returncode == errors.EXIT_PEER_FAILED, run.stderr[-3000:]
+  last = run.stderr.strip().splitlines()[-1]
+  assert last.startswith('ctl: error: The chief (chief:0 at localhost:'), last
+  assert ('has not answered for 5 s (distribution.startup_timeout_seconds) '
+          'and did not mark the job done: ps:0 leaves') in last

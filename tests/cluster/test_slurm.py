@@ -11,7 +11,9 @@ highest code; a stand-in `scontrol` records what it was asked.
 import json
 import os
 import pathlib
+import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -95,6 +97,101 @@ def test_a_batch_script_is_not_a_task_of_a_step():
                                     'SLURM_NTASKS': '4'})
   assert slurm.started_by_srun(TWO_BY_TWO)
 
+
+
+def test_with_slurm_num_ps_the_last_tasks_are_the_parameter_servers():
+  # Task 0 stays the chief (the coordinator); the last node's tasks serve.
+  from ctl.cluster import ps_cluster  # pylint: disable=g-import-not-at-top
+  clusters = [slurm.from_environment(_task(TWO_BY_TWO, rank), port_base=1,
+                                     num_ps=1) for rank in range(4)]
+  for cluster in clusters:
+    assert cluster.jobs == {'chief': ('gpu07:12000',),
+                            'worker': ('gpu07:12001', 'gpu08:12000'),
+                            'ps': ('gpu08:12001',)}
+    assert 'distribution.slurm_num_ps=1' in cluster.source
+  assert [cluster.task_name for cluster in clusters] == [
+      'chief:0', 'worker:0', 'worker:1', 'ps:0']
+  assert [cluster.is_chief for cluster in clusters] == [True, False, False,
+                                                         False]
+  assert len({cluster.fingerprint for cluster in clusters}) == 1
+  assert ps_cluster.has_ps(clusters[0], 'auto')  # 'auto' chooses servers.
+  ps_cluster.check_cluster(clusters[0])  # A cluster they can run.
+  two = slurm.from_environment(_task(TWO_BY_TWO, 2), port_base=1, num_ps=2)
+  assert two.jobs['ps'] == ('gpu08:12000', 'gpu08:12001')  # A node's own.
+  assert two.task_name == 'ps:0'
+  assert slurm.from_environment(_task(TWO_BY_TWO, 2), 1, num_ps=0).jobs == {
+      'worker': ('gpu07:12000', 'gpu07:12001', 'gpu08:12000', 'gpu08:12001')}
+
+
+@pytest.mark.parametrize('num_tasks, num_ps, allowed', [
+    (4, 3, 'the last 1 to 2 task(s) can be servers'),
+    (4, 4, 'the last 1 to 2 task(s) can be servers'),
+    (4, 9, 'the last 1 to 2 task(s) can be servers'),
+    (4, -1, 'the last 1 to 2 task(s) can be servers'),
+    (2, 1, 'the last none: ask srun for 3 tasks or more'),
+    (1, 1, 'the last none: ask srun for 3 tasks or more'),
+])
+def test_servers_that_leave_no_chief_and_worker_are_a_config_error(
+    num_tasks, num_ps, allowed):
+  environ = {'SLURM_PROCID': '0', 'SLURM_LOCALID': '0',
+             'SLURM_STEP_NUM_TASKS': str(num_tasks),
+             'SLURM_STEP_NODELIST': 'localhost',
+             'SLURM_STEP_TASKS_PER_NODE': str(num_tasks)}
+  with pytest.raises(errors.ConfigError) as raised:
+    slurm.from_environment(environ, port_base=8888, num_ps=num_ps)
+  message = str(raised.value)
+  assert message.startswith(f'distribution.slurm_num_ps={num_ps}, but the '
+                            f'Slurm step has {num_tasks} task(s)'), message
+  assert allowed in message and '\n' not in message
+
+
+def test_a_negative_slurm_num_ps_is_refused_with_the_config():
+  from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.base_config()
+  config.task = 'classification'
+  config.distribution.slurm_num_ps = -1
+  with pytest.raises(errors.ConfigError,
+                     match='distribution.slurm_num_ps.*must not be negative'):
+    config_lib.validate(config)
+
+
+def test_too_many_servers_stop_ctl_main_with_one_line_at_start(tmp_path):
+  # What each task of such a step does: one line, exit 2, nothing written.
+  environ = {**_task(TWO_BY_TWO, 1), 'SLURMD_NODENAME': 'gpu07'}
+  run = helpers.run_ctl(
+      f'--config={helpers.DIGITS}', '--config.distribution.slurm_num_ps=3',
+      f'--workdir={tmp_path / "w"}',
+      env={key: value for key, value in helpers.env_with(**environ).items()
+           if key != 'TF_CONFIG'})
+  assert run.returncode == 2, run.stderr[-3000:]
+  assert run.stderr.strip().splitlines()[-1].startswith(
+      'ctl: error: distribution.slurm_num_ps=3, but the Slurm step has 4 '
+      'task(s)'), run.stderr[-3000:]
+  assert not (tmp_path / 'w').exists()
+
+
+def test_a_lost_server_of_a_slurm_job_is_named(monkeypatch):
+  # The chief names the server from Slurm's variables as from TF_CONFIG's.
+  from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
+  from ctl.cluster import distribution  # pylint: disable=g-import-not-at-top
+  from ctl.cluster import ps_cluster  # pylint: disable=g-import-not-at-top
+  ports = [portpicker.pick_unused_port() for _ in range(3)]
+  monkeypatch.delenv('TF_CONFIG', raising=False)
+  for name, value in {
+      'SLURM_PROCID': '0', 'SLURM_LOCALID': '0', 'SLURM_STEP_NUM_TASKS': '3',
+      'SLURM_STEP_NODELIST': 'localhost', 'SLURMD_NODENAME': 'localhost',
+      'SLURM_STEP_TASKS_PER_NODE': '3',
+      'SLURM_STEP_RESV_PORTS': ','.join(map(str, ports))}.items():
+    monkeypatch.setenv(name, value)
+  config = config_lib.base_config().distribution
+  config.slurm_num_ps = 1
+  cluster = distribution.read_cluster(config)
+  assert cluster.jobs['ps'] == (f'localhost:{ports[2]}',)
+  failure = ps_cluster.lost_server_failure(cluster)
+  assert isinstance(failure, errors.PeerFailure), failure
+  assert 'The parameter server(s) ps:0 stopped answering' in str(failure)
+  with socket.create_server(('localhost', ports[2])):
+    assert ps_cluster.lost_server_failure(cluster) is None  # It listens.
 
 @pytest.mark.parametrize('text, expected', [
     ('localhost', ['localhost']),
@@ -201,7 +298,7 @@ def test_the_resolver_chooses_where_the_cluster_comes_from(
   config = config_lib.base_config().distribution
   assert config.cluster_resolver == 'auto'  # The default.
   config.cluster_resolver = resolver
-  cluster = distribution._read_cluster(config)  # pylint: disable=protected-access
+  cluster = distribution.read_cluster(config)
   assert (cluster.address if cluster else None) == expected
 
 
@@ -376,3 +473,86 @@ def test_the_batch_script_trains_two_tasks_of_one_node(tmp_path):
     assert 'Task worker:' in output and 'of 2 worker(s)' in output
   assert len(set(helpers.fingerprint(outputs[0] + outputs[1]))) == 1
   assert helpers.read_results(workdir)['step'] == 44
+
+
+def _ctl_status(workdir) -> str:
+  """What `python -m ctl.status workdir` shows."""
+  return subprocess.run(
+      [sys.executable, '-m', 'ctl.status', str(workdir)], cwd=helpers.REPO,
+      env=helpers.env_with(), capture_output=True, text=True,
+      timeout=120).stdout
+
+
+def _one_node_step(num_tasks: int) -> dict:
+  """What srun sets for a step of num_tasks tasks on this machine, on
+  ports Slurm reserved."""
+  ports = sorted(portpicker.pick_unused_port() for _ in range(num_tasks))
+  return {'SLURM_STEP_ID': '0', 'SLURM_STEP_NUM_TASKS': str(num_tasks),
+          'SLURM_STEP_NUM_NODES': '1', 'SLURM_STEP_NODELIST': 'localhost',
+          'SLURM_STEP_TASKS_PER_NODE': str(num_tasks),
+          'SLURM_STEP_RESV_PORTS': ','.join(map(str, ports))}
+
+
+@pytest.mark.slow
+def test_the_batch_script_runs_a_parameter_server_job_with_num_ps(tmp_path):
+  logs = tmp_path / 'logs'
+  logs.mkdir()
+  workdir = tmp_path / 'workdir'
+  exit_code, _, asked = _run_sbatch(
+      tmp_path, '--config.num_epochs=1', CONFIG=helpers.DIGITS,
+      WORKDIR=str(workdir), NUM_PS='1',
+      STANDIN_STEP=json.dumps(_one_node_step(3)), STANDIN_LOGS=str(logs))
+  outputs = [(logs / f'task{rank}.log').read_text() for rank in range(3)]
+  assert exit_code == 0, '\n'.join(output[-2000:] for output in outputs)
+  assert len(asked) == 1  # srun, and no requeue.
+  assert '--config.distribution.slurm_num_ps=1' in json.loads(asked[0])[
+      'command']
+  for rank, name in enumerate(('chief:0', 'worker:0', 'ps:0')):
+    assert f'this task ({rank}) is {name}.' in outputs[rank]
+  assert 'Coordinating 1 worker(s) and 1 parameter server(s)' in outputs[0]
+  for output in outputs[1:]:  # Both left once the chief marked the end.
+    assert 'The chief marked the job done' in output
+  assert helpers.read_results(workdir)['step'] == 44
+  shown = _ctl_status(workdir)
+  assert f'{workdir}: FINISHED: training finished (exit code 0)' in shown
+  assert re.search(r'the chief \S+ pid \d+: finished, finished, step 44',
+                   shown), shown
+
+
+@pytest.mark.slow
+def test_a_parameter_server_step_whose_chief_died_ends_and_is_requeued(
+    tmp_path):
+  # srun waits for every task, and nothing marks the job done: the worker
+  # and the server leave once the chief has not answered for
+  # distribution.timeout_seconds (43), and the script requeues the job.
+  logs = tmp_path / 'logs'
+  logs.mkdir()
+  workdir = tmp_path / 'workdir'
+  script = _start_sbatch(
+      tmp_path, '--config.num_epochs=40',
+      '--config.distribution.timeout_seconds=30', CONFIG=helpers.DIGITS,
+      WORKDIR=str(workdir), NUM_PS='1',
+      STANDIN_STEP=json.dumps(_one_node_step(3)), STANDIN_LOGS=str(logs))
+  try:
+    helpers.wait_for_checkpoint(workdir, script, timeout=300)
+    # The chief's own status file (the only one of a parameter-server job).
+    chief = json.loads((workdir / 'workers' / 'worker-0.json').read_text())
+    running = _ctl_status(workdir)
+    os.kill(chief['pid'], signal.SIGKILL)
+    _, stderr = script.communicate(timeout=240)
+  finally:
+    if script.poll() is None:
+      os.killpg(script.pid, signal.SIGKILL)
+  outputs = [(logs / f'task{rank}.log').read_text() for rank in range(3)]
+  # ctl.status, during and after: the chief's step and the job it runs.
+  assert f'{workdir}: RUNNING: training' in running, running
+  assert ('parameter-server job: the chief coordinates 1 worker(s) and 1 '
+          'parameter server(s)' in running), running
+  assert f'{workdir}: FAILED: the chief (' in _ctl_status(workdir)
+  # srun's code is its tasks' highest: the chief's 128 + SIGKILL.
+  assert script.returncode == 137, stderr + outputs[1][-3000:]
+  assert _asked(tmp_path)[1:] == ['scontrol requeue 4242']
+  for output in outputs[1:]:
+    assert ('ctl: error: The chief (chief:0 at localhost:' in output and
+            'has not answered for 30 s (distribution.timeout_seconds)'
+            in output), output[-3000:]

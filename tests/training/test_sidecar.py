@@ -107,3 +107,35 @@ def test_the_evaluator_task_of_tf_config_evaluates_beside_two_workers(
   assert json.loads((workdir / 'best' / 'best.json').read_text())['step'] > 0
   assert json.loads((workdir / 'export' / 'export.json').read_text())[
       'which'] == 'best'
+
+
+def test_the_evaluator_task_of_a_parameter_server_job_evaluates_beside_it(
+    tmp_path):
+  # A chief (the coordinator), a worker, a server and an evaluator, as a
+  # TFJob's Chief, Worker, PS and Evaluator replicas: the evaluator
+  # evaluates the chief's checkpoints, the chief none inline.
+  workdir = tmp_path / 'workdir'
+  ports = iter(portpicker.pick_unused_port() for _ in range(4))
+  cluster = {job: [f'localhost:{next(ports)}']
+             for job in ('chief', 'worker', 'ps', 'evaluator')}
+  processes = {
+      job: helpers.Watched(
+          helpers.ctl_command(*ARGS, f'--workdir={workdir}'),
+          helpers.env_with(TF_CONFIG=json.dumps(
+              {'cluster': cluster, 'task': {'type': job, 'index': 0}})))
+      for job in cluster}
+  codes = {job: process.wait(timeout=400)
+           for job, process in processes.items()}
+  assert codes == dict.fromkeys(cluster, 0), {
+      job: process.output[-2000:] for job, process in processes.items()}
+  evaluator, chief = processes['evaluator'], processes['chief']
+  assert 'Coordinating 1 worker(s) and 1 parameter server(s)' in chief.output
+  steps = _evaluated_steps(evaluator.output)
+  assert len(steps) > 1 and steps[-1] == 88 and steps == sorted(steps)
+  assert not _evaluated_steps(chief.output)
+  assert 'training does not evaluate' in chief.output
+  assert helpers.read_results(workdir)['step'] == 88
+  results = json.loads((workdir / 'eval' / 'results.json').read_text())
+  assert results['step'] == 88 and results['eval']['accuracy'] > 0.9, results
+  assert json.loads((workdir / 'export' / 'export.json').read_text())[
+      'which'] == 'best'
