@@ -108,7 +108,6 @@ class Recommend(ctl.Task):
 
   def train_step(self, batch, ctx: ctl.StepContext) -> dict:
     ids, clicks = batch
-    variables = self.model.trainable_variables
     with tf.GradientTape() as tape:
       logits = self.logits(ids, training=True)
       per_example_loss = keras.losses.binary_crossentropy(
@@ -117,13 +116,20 @@ class Recommend(ctl.Task):
       # gradient of the global mean.
       loss = tf.nn.compute_average_loss(
           per_example_loss, global_batch_size=ctx.global_batch_size)
-    # The tables' gradients are IndexedSlices: only the rows of the batch's
-    # ids change, however large the tables.
-    gradients = tape.gradient(loss, variables)
-    self.optimizer.apply_gradients(zip(gradients, variables))
+    self.update_weights(tape, loss)
     for metric in self.train_metrics:
       metric.update_state(clicks, logits)
     return {'loss': tf.reduce_mean(per_example_loss)}
+
+  def update_weights(self, tape: tf.GradientTape, loss: tf.Tensor) -> None:
+    """One optimizer step on the loss's gradients, taken from the tape.
+
+    The tables' gradients are IndexedSlices: only the rows of the batch's
+    ids change, however large the tables.
+    """
+    variables = self.model.trainable_variables
+    gradients = tape.gradient(loss, variables)
+    self.optimizer.apply_gradients(zip(gradients, variables))
 
   def eval_step(self, batch, ctx: ctl.StepContext) -> dict:
     del ctx

@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-import ctl
 from experiments import recommend
 
 
@@ -132,22 +131,14 @@ class RecommendSharded(recommend.Recommend):
     return self.model(tf.concat([user, item, user * item], axis=1),
                       training=training)
 
-  def train_step(self, batch, ctx: ctl.StepContext) -> dict:
-    ids, clicks = batch
+  def update_weights(self, tape: tf.GradientTape, loss: tf.Tensor) -> None:
+    """The tables' sparse step and the dense part's optimizer step
+    (Recommend.train_step computes the loss)."""
     tables = [self.user_table, self.item_table]
     dense = self.model.trainable_variables
-    with tf.GradientTape() as tape:
-      logits = self.logits(ids, training=True)
-      per_example_loss = keras.losses.binary_crossentropy(
-          clicks, logits, from_logits=True)
-      loss = tf.nn.compute_average_loss(
-          per_example_loss, global_batch_size=ctx.global_batch_size)
     # Of the shards, not the tables: TensorFlow takes no gradient of a
     # sharded table as a whole.
     table_gradients, dense_gradients = tape.gradient(
         loss, ([shards(table) for table in tables], dense))
     self.table_optimizer.apply(table_gradients, tables)
     self.optimizer.apply_gradients(zip(dense_gradients, dense))
-    for metric in self.train_metrics:
-      metric.update_state(clicks, logits)
-    return {'loss': tf.reduce_mean(per_example_loss)}

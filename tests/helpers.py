@@ -239,6 +239,19 @@ def load_config_file(path: pathlib.Path, *args):
   return module.get_config(*args)
 
 
+# A recommendation export served in a fresh interpreter without ctl: its
+# signature on the eval pairs (argv: the SavedModel, the pairs' .npz).
+SERVE_RECOMMEND = """
+import json, sys
+import numpy as np, tensorflow as tf
+pairs = np.load(sys.argv[2])
+serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']
+out = serve(user=tf.constant(pairs['user']), item=tf.constant(pairs['item']))
+assert not any(name == 'ctl' or name.startswith('ctl.') for name in sys.modules)
+print(json.dumps(out['probability'].numpy().tolist()))
+"""
+
+
 class Watched:
   """A process whose output (stdout and stderr) is collected as it runs."""
 

@@ -17,16 +17,6 @@ import pytest
 import helpers
 
 CONFIG = '--config=configs/recommend.py:smoke'
-# Run in a fresh interpreter: the export's signature on the eval pairs.
-SERVE = """
-import json, sys
-import numpy as np, tensorflow as tf
-pairs = np.load(sys.argv[2])
-serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']
-out = serve(user=tf.constant(pairs['user']), item=tf.constant(pairs['item']))
-assert not any(name == 'ctl' or name.startswith('ctl.') for name in sys.modules)
-print(json.dumps(out['probability'].numpy().tolist()))
-"""
 
 
 @pytest.fixture
@@ -78,8 +68,8 @@ def test_smoke_trains_resumes_and_its_export_serves_without_ctl(
                                             recommend._EVAL_SEED)  # pylint: disable=protected-access
   np.savez(tmp_path / 'pairs.npz', **ids)
   served = subprocess.run(
-      [sys.executable, '-c', SERVE, str(workdir / 'export' / 'saved_model'),
-       str(tmp_path / 'pairs.npz')],
+      [sys.executable, '-c', helpers.SERVE_RECOMMEND,
+       str(workdir / 'export' / 'saved_model'), str(tmp_path / 'pairs.npz')],
       cwd=tmp_path, capture_output=True, text=True, timeout=300)
   assert served.returncode == 0, served.stderr[-3000:]
   probability = np.array(json.loads(served.stdout))

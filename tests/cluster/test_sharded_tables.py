@@ -26,16 +26,6 @@ import helpers
 SHARDED = str(helpers.REPO / 'configs' / 'recommend_sharded.py') + ':smoke'
 KERAS_TABLES = str(helpers.REPO / 'configs' / 'recommend.py') + ':smoke'
 TOTAL_STEPS = 156  # 2 epochs of 20,000 interactions in batches of 256.
-# Run in a fresh interpreter: the export's signature on the eval pairs.
-SERVE = """
-import json, sys
-import numpy as np, tensorflow as tf
-pairs = np.load(sys.argv[2])
-serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']
-out = serve(user=tf.constant(pairs['user']), item=tf.constant(pairs['item']))
-assert not any(name == 'ctl' or name.startswith('ctl.') for name in sys.modules)
-print(json.dumps(out['probability'].numpy().tolist()))
-"""
 
 
 def _launch(workdir: pathlib.Path, *args: str, num_ps: int = 2,
@@ -161,7 +151,7 @@ def test_the_export_serves_the_trained_tables_without_ctl(
   expected = run.serve(ids['user'], ids['item'])['probability'].numpy()
   np.savez(tmp_path / 'pairs.npz', **ids)
   served = subprocess.run(
-      [sys.executable, '-c', SERVE,
+      [sys.executable, '-c', helpers.SERVE_RECOMMEND,
        str(trained.workdir / 'export' / 'saved_model'),
        str(tmp_path / 'pairs.npz')],
       cwd=tmp_path, capture_output=True, text=True, timeout=300)
