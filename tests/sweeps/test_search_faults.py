@@ -24,7 +24,7 @@ import postgres
 _OWN_TASK = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
 # 30 epochs of 22 steps, a checkpoint each epoch, an evaluation every 11:
 # long enough to run on through a storage's outage of a few seconds.
-_LONG = {'num_epochs': 30, 'batch_size': 64, 'intervals.eval_steps': 11}
+_LONG = {'num_epochs': 45, 'batch_size': 64, 'intervals.eval_steps': 11}
 
 
 def _own_task_search(path: pathlib.Path, num_trials: int) -> str:
@@ -41,7 +41,7 @@ def _own_task_search(path: pathlib.Path, num_trials: int) -> str:
 
 
 def _digits_search(path: pathlib.Path) -> str:
-  """A sweep file: two digits trials of 660 steps, reported every 11."""
+  """A sweep file: two digits trials of 990 steps, reported every 11."""
   path.write_text(
       'from ctl import hyper\n\n'
       'def get_sweep():\n'
@@ -179,10 +179,11 @@ def test_a_postgresql_outage_is_waited_out_or_stops_the_sweep_resumable(
       workdir / 'trial-0000')['eval']['accuracy']
 
   # SIGTERM stops a sweep process waiting for its storage.
+  trial_pid = _trial_pid(run, 0, name='trial-0001')
   helpers.wait_for_line(logs[1], r'Reported eval accuracy \S+ at step 11 ',
                         run)
-  # Held meanwhile, so that most of its steps are left for the next part.
-  trial_pid = _trial_pid(run, 0, name='trial-0001')
+  # Held at once (its pid known before), so that most of its steps are left
+  # for the next part: it may train all of them in a few seconds.
   os.kill(trial_pid, signal.SIGSTOP)
   try:
     own_server.halt()
@@ -207,11 +208,11 @@ def test_a_postgresql_outage_is_waited_out_or_stops_the_sweep_resumable(
   command = _command(sweep_file, workdir, f'--storage={storage}',
                      '--storage_wait_seconds=3')
   run = helpers.Watched(command)
+  trial_pid = _trial_pid(run, 0, name='trial-0001')
   helpers.wait_for_line(logs[1], r'Restored \S*ckpt-\d+[\s\S]*Reported eval '
                         r'accuracy \S+ at step \d+ ', run)
   # The trial is held until the sweep process gives up: what is left of its
-  # 660 steps after the outage above may train in less than the 3 s waited.
-  trial_pid = _trial_pid(run, 0, name='trial-0001')
+  # steps after the outage above may train in less than the 3 s waited.
   os.kill(trial_pid, signal.SIGSTOP)
   try:
     own_server.halt()
