@@ -61,7 +61,7 @@ _SECTIONS = flags.DEFINE_list(
     'levers_mlp, '
     'levers_cnn, levers_two_workers: each speed option against the default, '
     'search: one search in ctl.sweep, plain Optuna and Keras Tuner '
-    '(benchmarks/search.py, about 20 minutes), and preemption: parameter '
+    '(benchmarks/search.py, about 45 minutes), and preemption: parameter '
     'servers and all-reduce, each with and without a worker killed every '
     '--preemption_kill_every_secs (benchmarks/preemption.py, about 15 '
     'minutes).')
