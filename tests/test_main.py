@@ -5,6 +5,7 @@ import pty
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -315,6 +316,23 @@ def test_on_a_terminal_the_progress_is_one_line_rewritten(tmp_path):
   assert any(re.match(r'I\d{4} .* eval at step 44: ', line)
              for line in shown)
   assert text.endswith('\n')
+
+
+def test_a_folder_named_ctl_where_it_runs_does_not_hide_the_installed_ctl(
+    tmp_path):
+  # The quick start's workdirs under /tmp/ctl, run from /tmp; or a clone
+  # named ctl, run from its parent: Python takes the folder (no
+  # __init__.py) for a namespace package `ctl`, which wins over an
+  # editable install's import hook, not over a path on sys.path
+  # (setup.cfg's package_dir).
+  (tmp_path / 'ctl' / 'digits').mkdir(parents=True)
+  env = helpers.env_with()
+  del env['PYTHONPATH']  # ctl as installed, as a user's shell finds it.
+  run = subprocess.run([sys.executable, '-m', 'ctl.main', '--version'],
+                       cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.startswith('ctl ')
 
 
 def test_version_prints_the_release_setup_cfg_installs():
