@@ -61,7 +61,7 @@ _SECTIONS = flags.DEFINE_list(
     'levers_mlp, '
     'levers_cnn, levers_two_workers: each speed option against the default, '
     'search: one search in ctl.sweep, plain Optuna and Keras Tuner '
-    '(benchmarks/search.py, about 45 minutes), and preemption: parameter '
+    '(benchmarks/search.py, about 11 minutes a --search_seeds seed on a quiet machine), and preemption: parameter '
     'servers and all-reduce, each with and without a worker killed every '
     '--preemption_kill_every_secs (benchmarks/preemption.py, about 15 '
     'minutes).')
@@ -75,6 +75,10 @@ _PREEMPTION_WINDOW_SECS = flags.DEFINE_float(
 _PREEMPTION_KILL_EVERY_SECS = flags.DEFINE_float(
     'preemption_kill_every_secs', 30.0, 'Seconds between the preemption '
     'section\'s kills of a worker.', lower_bound=1.0)
+_SEARCH_SEEDS = flags.DEFINE_list(
+    'search_seeds', ['0'], 'Seeds of the search section: one search per '
+    'tool and seed (each seeds its sampler and Keras); its targets are '
+    'medians over the seeds.')
 _MARKDOWN = flags.DEFINE_string(
     'markdown', None, 'Write the results into this file (BENCHMARKS.md), '
     'between its "<!-- bench:begin -->" and "<!-- bench:end -->" lines.')
@@ -879,35 +883,33 @@ def _costs() -> tuple[str, list[Target]]:
         f'{max(m.values):.3g} |' for m in measured.values())]), []
 
 
-def _search() -> tuple[str, list[Target]]:
-  """One search in each tool (benchmarks/search.py), against issue 50's
-  targets: ctl's whole search (the better of --parallel=1 and 2) at most
-  1.2x plain Optuna's, its time to 0.99 at most Keras Tuner Bayesian's."""
+def _search(seeds: list[int] | None = None) -> tuple[str, list[Target]]:
+  """One search in each tool per seed (--search_seeds; benchmarks/search.py),
+  against issue 50's targets, medians over the seeds: ctl's whole search
+  (the better of --parallel=1 and 2) at most 1.2x plain Optuna's, its
+  time to 0.99 at most Keras Tuner Bayesian's."""
   from benchmarks import search  # pylint: disable=g-import-not-at-top
-  summaries = search.run_all()
-  ctl = [summaries[name] for name in search.CONTENDERS if 'ctl' in name]
-  optuna = summaries['plain Optuna, trials in one process']
-  bayesian = summaries['Keras Tuner, BayesianOptimization']
-  text = '\n'.join([
-      f'### A search: {search.TRIALS} trials of up to {search.EPOCHS} epochs '
-      'of the digits CNN, TPE and the median pruner', '',
-      search.table(summaries), '', search.timings_table(summaries)])
+  seeds = seeds or [int(seed) for seed in _SEARCH_SEEDS.value]
+  runs = {seed: search.run_all(seed=seed) for seed in seeds}
+  text = '\n\n'.join(
+      f'### A search, seed {seed}: {search.TRIALS} trials of up to '
+      f'{search.EPOCHS} epochs of the digits CNN, TPE and the median pruner'
+      f'\n\n{search.table(summaries)}\n\n{search.timings_table(summaries)}'
+      for seed, summaries in runs.items())
   targets = [Target('search: ctl.sweep\'s whole search (best of --parallel=1 '
                     'and 2) / plain Optuna\'s',
-                    min(row['wall'] for row in ctl) / optuna['wall'], 1.2,
-                    at_most=True)]
-  ctl_to = min((row['to_0.99'] for row in ctl if row['to_0.99'] is not None),
-               default=None)
-  if 'skipped' in bayesian or (ctl_to is None and bayesian['to_0.99'] is None):
-    # Nothing to compare: no Keras Tuner, or neither reached 0.99.
-    text += ('\n\nNo target on the time to 0.99: '
-             f'{bayesian.get("skipped", "neither reached it")}.')
-  else:
+                    statistics.median(search.wall_ratio(summaries)
+                                      for summaries in runs.values()),
+                    1.2, at_most=True)]
+  to_ratios = [ratio for ratio in map(search.to_099_ratio, runs.values())
+               if ratio is not None]
+  if to_ratios:
     targets.append(Target(
         'search: ctl.sweep\'s seconds to 0.99 (best of --parallel=1 and 2) '
-        '/ Keras Tuner Bayesian\'s',
-        (ctl_to if ctl_to is not None else float('inf')) /
-        (bayesian['to_0.99'] or float('inf')), 1.0, at_most=True))
+        '/ Keras Tuner Bayesian\'s', statistics.median(to_ratios), 1.0,
+        at_most=True))
+  else:  # No Keras Tuner, or neither reached 0.99 with any seed.
+    text += '\n\nNo target on the time to 0.99: nothing to compare.'
   return text, targets
 
 

@@ -235,6 +235,27 @@ def run_all(trials: int = TRIALS, epochs: int = EPOCHS,
   return summaries
 
 
+def wall_ratio(summaries: dict[str, dict]) -> float:
+  """ctl's whole search (the better of --parallel=1 and 2) over plain
+  Optuna's."""
+  ctl = min(row['wall'] for name, row in summaries.items() if 'ctl' in name)
+  return ctl / summaries['plain Optuna, trials in one process']['wall']
+
+
+def to_099_ratio(summaries: dict[str, dict]) -> float | None:
+  """ctl's seconds to 0.99 (the better of --parallel=1 and 2) over Keras
+  Tuner Bayesian's: inf where only Keras Tuner reached it, 0 where only
+  ctl did; None where neither did, or Keras Tuner was skipped."""
+  bayesian = summaries['Keras Tuner, BayesianOptimization']
+  ctl = min((row['to_0.99'] for name, row in summaries.items()
+             if 'ctl' in name and row['to_0.99'] is not None), default=None)
+  if 'skipped' in bayesian or (ctl is None and bayesian['to_0.99'] is None):
+    return None
+  if ctl is None:
+    return float('inf')
+  return ctl / bayesian['to_0.99'] if bayesian['to_0.99'] else 0.0
+
+
 def _seconds(value: float | None) -> str:
   """Seconds for the table."""
   return 'not reached' if value is None else f'{value:.0f}'

@@ -302,13 +302,31 @@ def test_the_search_section_judges_no_time_to_099_that_neither_reached(
   row = {'wall': 100.0, 'best': 0.98, 'to_0.97': 50.0, 'to_0.99': None,
          'trials': 16, 'pruned': 0, 'saved': 0.0, 'mean_complete': 6.0,
          'mean_pruned': None}
-  monkeypatch.setattr(search, 'run_all',
-                      lambda: {name: dict(row) for name in search.CONTENDERS})
-  text, targets = bench._search()  # pylint: disable=protected-access
+  monkeypatch.setattr(
+      search, 'run_all',
+      lambda seed: {name: dict(row, wall=100.0 + seed)
+                    for name in search.CONTENDERS})
+  text, targets = bench._search([0, 1])  # pylint: disable=protected-access
   assert [t.what for t in targets] == [
       "search: ctl.sweep's whole search (best of --parallel=1 and 2) / "
       "plain Optuna's"]
-  assert 'No target on the time to 0.99: neither reached it.' in text
+  assert 'No target on the time to 0.99: nothing to compare.' in text
+  assert '### A search, seed 1: ' in text
+
+
+def test_the_time_to_099_counts_a_search_that_never_reached_it():
+  reached = {'wall': 100.0, 'to_0.99': 50.0}
+  never = {'wall': 80.0, 'to_0.99': None}
+  summaries = {'ctl.sweep, --parallel=1': never,
+               'ctl.sweep, --parallel=2': never,
+               'plain Optuna, trials in one process': reached,
+               'Keras Tuner, BayesianOptimization': reached}
+  assert search.wall_ratio(summaries) == 0.8
+  assert search.to_099_ratio(summaries) == float('inf')  # Not left out.
+  summaries['ctl.sweep, --parallel=2'] = {'wall': 90.0, 'to_0.99': 25.0}
+  assert search.to_099_ratio(summaries) == 0.5
+  summaries['Keras Tuner, BayesianOptimization'] = never
+  assert search.to_099_ratio(summaries) == 0.0
 
 
 def test_a_killed_all_reduce_job_counts_from_its_checkpoint_until_it_logs():
