@@ -217,18 +217,21 @@ def serve(config: ml_collections.ConfigDict, workdir: str,
     cluster: the job, and which task of it this is.
   """
   before = storage.read_text(workdir_lib.job_done_path(workdir))
-  server = tf.distribute.Server(
-      tf.train.ClusterSpec({job: list(cluster.jobs[job]) for job in PS_JOBS}),
-      job_name=cluster.task_type, task_index=cluster.task_index,
-      protocol='grpc',
-      config=tf.compat.v1.ConfigProto(
-          inter_op_parallelism_threads=_INTER_OP_THREADS), start=True)
-  logging.info('Serving as %s at %s until the chief marks the job done (%s) '
-               'or SIGTERM.', cluster.task_name, cluster.address,
-               workdir_lib.job_done_path(workdir))
-  done_since = chief_seen = None
-  started = time.monotonic()
+  # SIGTERM is caught from before the server starts, so that once the log
+  # says it serves, a SIGTERM always ends in the message below (exit 42).
   with _Stop() as stop:
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec({job: list(cluster.jobs[job])
+                              for job in PS_JOBS}),
+        job_name=cluster.task_type, task_index=cluster.task_index,
+        protocol='grpc',
+        config=tf.compat.v1.ConfigProto(
+            inter_op_parallelism_threads=_INTER_OP_THREADS), start=True)
+    logging.info('Serving as %s at %s until the chief marks the job done '
+                 '(%s) or SIGTERM.', cluster.task_name, cluster.address,
+                 workdir_lib.job_done_path(workdir))
+    done_since = chief_seen = None
+    started = time.monotonic()
     while not stop.event.wait(_POLL_SECONDS):
       chief_listens = listens(cluster.address_of('chief:0'))
       now = time.monotonic()
