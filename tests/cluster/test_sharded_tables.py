@@ -7,6 +7,7 @@ sharding without servers, refused at start."""
 
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import re
@@ -105,20 +106,27 @@ def test_tables_sharded_over_two_servers_train_stop_and_resume(trained):
 @pytest.mark.slow
 @pytest.mark.parametrize('where', ['one_server', 'one_device'])
 def test_the_sharded_checkpoint_resumes_on_one_server_or_one_device(
-    trained, tmp_path, where):
+    trained, tmp_path, monkeypatch, caplog, where):
   # 4 steps more: the rows those steps did not read come back bit for bit
   # (about 60% of the users), whatever holds the table now.
   workdir = tmp_path / 'job'
   shutil.copytree(trained.workdir, workdir)
-  args = (f'--config.total_steps={TOTAL_STEPS + 4}',
-          '--config.export.at_end=False')
   if where == 'one_server':
-    job = _launch(workdir, *args, num_ps=1)
+    job = _launch(workdir, f'--config.total_steps={TOTAL_STEPS + 4}',
+                  '--config.export.at_end=False', num_ps=1)
     code, output = job.wait(), job.output
-  else:
-    run = helpers.run_ctl(f'--config={SHARDED}', f'--workdir={workdir}',
-                          '--config.distribution.min_shard_bytes=0', *args)
-    code, output = run.returncode, run.stderr
+  else:  # This process's one device (a TensorFlow start saved).
+    monkeypatch.syspath_prepend(str(helpers.REPO))  # As ctl.main finds it.
+    from ctl.training import run as run_lib  # pylint: disable=g-import-not-at-top
+    config = helpers.override(
+        helpers.load_config_file(*SHARDED.split(':')), **{
+            'total_steps': TOTAL_STEPS + 4, 'export.at_end': False,
+            'distribution.min_shard_bytes': 0})
+    caplog.clear()
+    # On absl's logger: a run in this process may leave it at WARNING.
+    with caplog.at_level(logging.INFO, logger='absl'):
+      run_lib.train_and_evaluate(config, str(workdir))
+    code, output = 0, caplog.text
   assert code == 0, output[-3000:]
   assert f'Training from step {TOTAL_STEPS} to {TOTAL_STEPS + 4}' in output
   assert 'Sharded over the servers' not in output  # Whole on one.

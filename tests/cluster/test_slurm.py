@@ -530,7 +530,7 @@ def test_a_parameter_server_step_whose_chief_died_ends_and_is_requeued(
   workdir = tmp_path / 'workdir'
   script = _start_sbatch(
       tmp_path, '--config.num_epochs=40',
-      '--config.distribution.timeout_seconds=30', CONFIG=helpers.DIGITS,
+      '--config.distribution.timeout_seconds=20', CONFIG=helpers.DIGITS,
       WORKDIR=str(workdir), NUM_PS='1',
       STANDIN_STEP=json.dumps(_one_node_step(3)), STANDIN_LOGS=str(logs))
   try:
@@ -554,5 +554,5 @@ def test_a_parameter_server_step_whose_chief_died_ends_and_is_requeued(
   assert _asked(tmp_path)[1:] == ['scontrol requeue 4242']
   for output in outputs[1:]:
     assert ('ctl: error: The chief (chief:0 at localhost:' in output and
-            'has not answered for 30 s (distribution.timeout_seconds)'
+            'has not answered for 20 s (distribution.timeout_seconds)'
             in output), output[-3000:]
