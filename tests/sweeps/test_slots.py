@@ -24,6 +24,7 @@ def _finish(process, timeout: float = 300) -> int:
   return process.returncode
 
 
+@pytest.mark.slow  # Two slots, each a process that imports TensorFlow.
 def test_a_slot_runs_trial_after_trial_until_its_limit_then_a_fresh_one(
     tmp_path):
   # Trials that fail at once (no such config): a slot's cost is its start.
