@@ -2,15 +2,18 @@
 as CHANGELOG.md says (tests/compat/README.md).
 
 Each release's folder holds its own `configs/` and `experiments/` (from its
-tag) and the projects its README showed (`user/`). Its projects run one
-after another in one warm process (ctl/warm.py), each from a clean
-state, each from its own folder, unchanged, shrunk by overrides only where
-its smoke variant is large; each test then reads one project's outcome.
-Sweep files are planned (each trial's overrides checked), not run.
+tag) and the projects its README showed (`user/`). Every release's
+projects run one after another in one warm process (ctl/warm.py), each
+from a clean state, each from its own folder, unchanged, shrunk by
+overrides only where its smoke variant is large; a project whose files are
+the same bytes in both releases runs once. Each test then reads one
+project's outcome. Sweep files are planned (each trial's overrides
+checked), not run.
 """
 
 import dataclasses
 import pathlib
+import re
 import shutil
 
 import pytest
@@ -128,9 +131,25 @@ _RESUME_GLOBAL_ORDER = (
     '--config.export.at_end=False', '--config.num_epochs=2',
     '--config.data.tfrecord.dir={tmp}/shards')
 
+# Projects whose every file is the same bytes in 0.2.0 as in 0.1.0 (its
+# config, the experiments/ module its task names, its user/ files:
+# test_a_project_run_once_has_the_same_files_in_both_releases checks): they
+# run once, from 0.1.0's folder, and are 0.2.0's outcomes too.
+SAME_IN_BOTH_RELEASES = {
+    'digits': ('configs/digits.py',),
+    'text': ('configs/text.py', 'experiments/text.py'),
+    'clip_ema': ('configs/clip_ema.py', 'experiments/clip_ema.py'),
+    'mnist': ('configs/mnist.py',),
+    'readme_my_task': ('user/my_task.py',),
+    'readme_my_model_and_data': ('configs/digits.py',
+                                 'user/my_project/parts.py'),
+    'readme_keras_model': ('configs/digits.py', 'user/my_project/parts.py'),
+}
+
 PROJECTS_0_2_0 = {
-    **SHARED_SMOKES,
-    **README_PROJECTS,
+    **{name: project for name, project in {**SHARED_SMOKES,
+                                           **README_PROJECTS}.items()
+       if name not in SAME_IN_BOTH_RELEASES},
     'finetune_pretrain': Project((
         '--config=configs/finetune.py:pretrain', '--config.num_epochs=1')),
     'finetune': Project(('--config=configs/finetune.py:smoke',
@@ -150,40 +169,67 @@ PROJECTS_0_2_0 = {
 }
 
 
-def _run_projects(folder: pathlib.Path, projects: dict[str, Project],
+def _run_projects(process: warm_client.WarmProcess, folder: pathlib.Path,
+                  projects: dict[str, Project],
                   base: pathlib.Path) -> dict[str, Outcome]:
-  """Runs each project in one warm process, in order; their outcomes."""
-  process = warm_client.WarmProcess(env=helpers.env_with())
+  """Runs each project in the warm process, in order; their outcomes."""
   outcomes = {}
-  try:
-    for name, project in projects.items():
-      tmp, workdir = base / f'{name}.tmp', base / name
-      tmp.mkdir()
-      if project.workdir:
-        shutil.copytree(project.workdir, workdir)
-      stamps = helpers.file_stamps(workdir) if project.workdir else {}
-      args = [arg.replace('{tmp}', str(tmp)) for arg in project.args]
-      answer = process.run([*args, f'--workdir={workdir}'],
-                           base / f'{name}.log', cwd=str(folder / project.cwd))
-      assert 'exit_code' in answer, (name, answer)
-      outcomes[name] = Outcome(answer['exit_code'],
-                               (base / f'{name}.log').read_text(), workdir,
-                               stamps)
-  finally:
-    assert process.close() == 0
+  for name, project in projects.items():
+    tmp, workdir = base / f'{name}.tmp', base / name
+    tmp.mkdir()
+    if project.workdir:
+      shutil.copytree(project.workdir, workdir)
+    stamps = helpers.file_stamps(workdir) if project.workdir else {}
+    args = [arg.replace('{tmp}', str(tmp)) for arg in project.args]
+    answer = process.run([*args, f'--workdir={workdir}'],
+                         base / f'{name}.log', cwd=str(folder / project.cwd))
+    assert 'exit_code' in answer, (name, answer)
+    outcomes[name] = Outcome(answer['exit_code'],
+                             (base / f'{name}.log').read_text(), workdir,
+                             stamps)
   return outcomes
 
 
 @pytest.fixture(scope='module')
-def release_0_1_0(tmp_path_factory) -> dict[str, Outcome]:
-  return _run_projects(V0_1_0, PROJECTS_0_1_0,
-                       tmp_path_factory.mktemp('v0_1_0'))
+def releases(tmp_path_factory) -> dict[str, dict[str, Outcome]]:
+  """{release: {project: outcome}}, every release's run in one warm process
+  (one TensorFlow start, not one a release)."""
+  process = warm_client.WarmProcess(env=helpers.env_with())
+  try:
+    first = _run_projects(process, V0_1_0, PROJECTS_0_1_0,
+                          tmp_path_factory.mktemp('v0_1_0'))
+    second = _run_projects(process, V0_2_0, PROJECTS_0_2_0,
+                           tmp_path_factory.mktemp('v0_2_0'))
+  finally:
+    assert process.close() == 0
+  same = {name: first[name] for name in SAME_IN_BOTH_RELEASES}
+  return {'0_1_0': first, '0_2_0': {**same, **second}}
 
 
-@pytest.fixture(scope='module')
-def release_0_2_0(tmp_path_factory) -> dict[str, Outcome]:
-  return _run_projects(V0_2_0, PROJECTS_0_2_0,
-                       tmp_path_factory.mktemp('v0_2_0'))
+@pytest.fixture
+def release_0_1_0(releases) -> dict[str, Outcome]:
+  """0.1.0's projects' outcomes."""
+  return releases['0_1_0']
+
+
+@pytest.fixture
+def release_0_2_0(releases) -> dict[str, Outcome]:
+  """0.2.0's projects' outcomes (those run once: 0.1.0's)."""
+  return releases['0_2_0']
+
+
+def test_a_project_run_once_has_the_same_files_in_both_releases():
+  for name, paths in SAME_IN_BOTH_RELEASES.items():
+    assert name in PROJECTS_0_1_0 and name not in PROJECTS_0_2_0, name
+    for path in paths:
+      assert (V0_1_0 / path).read_bytes() == (V0_2_0 / path).read_bytes(), (
+          name, path)
+  # What those projects' configs name: no other module of the releases.
+  for name in ('digits', 'text', 'clip_ema', 'mnist'):
+    config = (V0_1_0 / 'configs' / f'{name}.py').read_text()
+    named = set(re.findall(r"'(experiments|user)\.(\w+)", config))
+    assert {f'{folder}/{module}.py' for folder, module in named} <= set(
+        SAME_IN_BOTH_RELEASES[name]), (name, named)
 
 
 @pytest.fixture(params=['0_1_0', '0_2_0'])

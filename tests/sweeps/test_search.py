@@ -51,7 +51,8 @@ def _write_own_task_search(path: pathlib.Path, metric: str, num_trials: int = 2,
       f'  return hyper.Sweep(config={str(config)!r}, search=hyper.Search(\n'
       "      space={'seed': hyper.integer(0, 3)}, "
       f"num_trials={num_trials},\n"
-      "      fixed={'num_epochs': 1, 'intervals.eval_steps': 8}),\n"
+      "      fixed={'num_epochs': 1, 'intervals.eval_steps': 8,\n"
+      "             'export.at_end': False}),\n"
       f'      metric={metric!r}, mode="min", num_workers={num_workers})\n')
   return str(path)
 
@@ -449,9 +450,10 @@ def test_two_sweep_processes_run_one_study_and_prune(shared_search):
   assert f'best: {best["trial"]}' in outputs[0] + outputs[1]
 
 
-# Six epochs of 22 steps, a checkpoint each epoch, an evaluation every 11.
+# Six epochs of 22 steps, a checkpoint each epoch, an evaluation every 11;
+# no export (what is compared is results.json's weights).
 LONG = {'num_epochs': 6, 'batch_size': 64, 'intervals.eval_steps': 11,
-        'deterministic': True}
+        'deterministic': True, 'export.at_end': False}
 
 
 @pytest.fixture(scope='module')
@@ -579,7 +581,8 @@ def test_a_failed_trial_is_failed_with_its_log_and_the_study_goes_on(tmp_path):
   sweep_file = _write_sweep(tmp_path / 'search.py', (
       "hyper.Search(space={'loss': hyper.choice(['user_modules:nan_loss', "
       "'sparse_categorical_crossentropy', 'user_modules:crossentropy'])}, "
-      "fixed={'num_epochs': 1}, num_trials=3, sampler='grid', pruner=None)"))
+      "fixed={'num_epochs': 1, 'export.at_end': False}, num_trials=3, "
+      "sampler='grid', pruner=None)"))
   workdir = tmp_path / 'sweep'
   run = helpers.Watched(_command(sweep_file, workdir), env=helpers.env_with())
   assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]

@@ -22,9 +22,11 @@ import postgres
 
 # One epoch of 16 steps of a tiny task, evaluated every 8.
 _OWN_TASK = helpers.REPO / 'tests' / 'configs' / 'noisy_regression.py'
-# 30 epochs of 22 steps, a checkpoint each epoch, an evaluation every 11:
-# long enough to run on through a storage's outage of a few seconds.
-_LONG = {'num_epochs': 45, 'batch_size': 64, 'intervals.eval_steps': 11}
+# 45 epochs of 22 steps, a checkpoint each epoch, an evaluation every 11:
+# long enough to run on through a storage's outage of a few seconds. No
+# export: none is looked at.
+_LONG = {'num_epochs': 45, 'batch_size': 64, 'intervals.eval_steps': 11,
+         'export.at_end': False}
 
 
 def _own_task_search(path: pathlib.Path, num_trials: int) -> str:
@@ -35,7 +37,8 @@ def _own_task_search(path: pathlib.Path, num_trials: int) -> str:
       f'  return hyper.Sweep(config={str(_OWN_TASK)!r}, search=hyper.Search(\n'
       "      space={'seed': hyper.choice(list(range(8)))}, "
       f"num_trials={num_trials}, sampler='grid', pruner=None,\n"
-      "      fixed={'num_epochs': 1, 'intervals.eval_steps': 8}),\n"
+      "      fixed={'num_epochs': 1, 'intervals.eval_steps': 8,\n"
+      "             'export.at_end': False}),\n"
       '      metric="eval.mae", mode="min")\n')
   return str(path)
 
@@ -76,13 +79,16 @@ def own_server():
   server.stop()
 
 
+# One search, then its journal cut and the same command again, where two
+# tests each ran a search of their own and the second its rerun.
 @pytest.mark.slow
-def test_a_trial_killed_again_and_again_fails_after_its_restarts(tmp_path):
+def test_a_trial_killed_again_and_again_fails_then_a_cut_journal_is_mended(
+    tmp_path):
   # As the OOM killer would, every time: restarted MAX_RESTARTS times, then
   # FAIL, saying so; the sweep goes on to its next trial.
   workdir = tmp_path / 'sweep'
-  run = helpers.Watched(_command(_own_task_search(tmp_path / 's.py', 2),
-                                 workdir))
+  command = _command(_own_task_search(tmp_path / 's.py', 2), workdir)
+  run = helpers.Watched(command)
   for start in range(study_lib.MAX_RESTARTS + 1):
     os.kill(_trial_pid(run, start), signal.SIGKILL)
   assert run.wait() == errors.EXIT_FAILURE, run.output[-3000:]
@@ -97,6 +103,34 @@ def test_a_trial_killed_again_and_again_fails_after_its_restarts(tmp_path):
   assert [trial.state.name for trial in trials] == ['FAIL', 'COMPLETE']
   assert trials[0].user_attrs[study_lib.FAILURE].startswith(why)
 
+  # The journal's last record cut, as if its writer was killed as it wrote:
+  # the same command moves the cut record aside and goes on from the rest
+  # (exit 1 again: its report still has trial-0000's FAIL).
+  journal = workdir / 'study.journal'
+  whole = journal.read_bytes()
+  os.truncate(journal, len(whole) - 40)
+  kept = whole[:whole.rindex(b'\n', 0, len(whole) - 40) + 1]
+  again = helpers.Watched(command)  # Repaired.
+  assert again.wait() == errors.EXIT_FAILURE, again.output[-3000:]
+  assert 'Traceback' not in again.output
+  assert 'ctl.sweep: error:' not in again.output, again.output[-3000:]
+  assert 'best: trial-0001' in again.output, again.output[-3000:]  # Reported.
+  [backup] = [path for path in workdir.iterdir()
+              if path.name.startswith('study.journal.cut-')]
+  assert backup.read_bytes() == whole[len(kept):-40]
+  assert (f'The study journal {journal} ended in a cut record '
+          f'({len(whole) - 40 - len(kept)} bytes, no line end') in again.output
+  assert f'moved it to {backup}.' in again.output
+  assert journal.read_bytes().startswith(kept)
+  # Every later opening as well, as the sweep processes' (studies.
+  # open_storage): nothing more to move aside, nothing cut off.
+  repaired = journal.read_bytes()
+  assert [trial.state.name for trial in _trials(workdir)] == [
+      'FAIL', 'COMPLETE']
+  assert journal.read_bytes() == repaired
+  assert [path.name for path in workdir.iterdir()
+          if path.name.startswith('study.journal.cut-')] == [backup.name]
+
 
 def _trial_pid(run: helpers.Watched, start: int, timeout: float = 300,
                name: str = 'trial-0000') -> int:
@@ -109,36 +143,6 @@ def _trial_pid(run: helpers.Watched, start: int, timeout: float = 300,
     assert run.process.poll() is None, run.output[-3000:]
     assert time.monotonic() < deadline, run.output[-3000:]
     time.sleep(0.05)
-
-
-@pytest.mark.slow
-def test_a_cut_last_journal_record_is_moved_aside_not_appended_onto(
-    tmp_path):
-  workdir = tmp_path / 'sweep'
-  command = _command(_own_task_search(tmp_path / 's.py', 1), workdir)
-  first = helpers.Watched(command)
-  assert first.wait() == 0, first.output[-3000:]
-  journal = workdir / 'study.journal'
-  whole = journal.read_bytes()
-  os.truncate(journal, len(whole) - 40)  # Its writer killed as it wrote.
-  kept = whole[:whole.rindex(b'\n', 0, len(whole) - 40) + 1]
-  again = helpers.Watched(command)  # Repaired.
-  assert again.wait() == 0, again.output[-3000:]
-  assert 'Traceback' not in again.output
-  [backup] = [path for path in workdir.iterdir()
-              if path.name.startswith('study.journal.cut-')]
-  assert backup.read_bytes() == whole[len(kept):-40]
-  assert (f'The study journal {journal} ended in a cut record '
-          f'({len(whole) - 40 - len(kept)} bytes, no line end') in again.output
-  assert f'moved it to {backup}.' in again.output
-  assert journal.read_bytes().startswith(kept)
-  # Every later opening as well, as the sweep processes' (studies.
-  # open_storage): nothing more to move aside, nothing cut off.
-  repaired = journal.read_bytes()
-  assert [trial.state.name for trial in _trials(workdir)] == ['COMPLETE']
-  assert journal.read_bytes() == repaired
-  assert [path.name for path in workdir.iterdir()
-          if path.name.startswith('study.journal.cut-')] == [backup.name]
 
 
 def _wait_for_count(run: helpers.Watched, pattern: str, count: int,

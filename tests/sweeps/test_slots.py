@@ -24,6 +24,7 @@ def _finish(process, timeout: float = 300) -> int:
   return process.returncode
 
 
+@pytest.mark.slow  # Two slots, each a process that imports TensorFlow.
 def test_a_slot_runs_trial_after_trial_until_its_limit_then_a_fresh_one(
     tmp_path):
   # Trials that fail at once (no such config): a slot's cost is its start.
@@ -72,15 +73,16 @@ def test_a_slot_runs_trial_after_trial_until_its_limit_then_a_fresh_one(
   assert slot.process.returncode == 0  # Ended at the end of its input.
 
 
-@pytest.mark.slow  # A sweep of three trials, each in a slot of its own.
+@pytest.mark.slow  # A sweep of two trials, each in a slot of its own.
 def test_a_sweep_replaces_a_slot_whose_memory_grew_past_the_bound(tmp_path):
   # --slot_memory_mb=1: every slot is past it after its first trial, so
   # each trial gets a fresh slot (with the default 4096 MiB, one slot ran
-  # them all); the sweep still finishes every trial.
+  # them all); the sweep still finishes every trial. Two trials show the
+  # replacement (a third would show it again, at a TensorFlow start's cost).
   trials = hyper.product(
       hyper.fixed({'total_steps': 3, 'model.filters': 4, 'model.width': 8,
                    'export.at_end': False}),
-      hyper.sweep('optimizer.learning_rate', [0.001, 0.003, 0.01]))
+      hyper.sweep('optimizer.learning_rate', [0.001, 0.01]))
   sweep_file = tmp_path / 'memory_sweep.py'
   sweep_file.write_text(
       'from ctl import hyper\n\n'
@@ -94,8 +96,8 @@ def test_a_sweep_replaces_a_slot_whose_memory_grew_past_the_bound(tmp_path):
   assert run.wait() == 0, run.output[-3000:]
   with open(workdir / 'results.csv', newline='') as file:
     assert [row['status'] for row in csv.DictReader(file)] == [
-        'finished'] * 3
+        'finished'] * 2
   records = [json.loads((workdir / name / 'trial.json').read_text())
              for name in trials_lib.trial_names(trials)]
-  assert [record['warm'] for record in records] == [True] * 3, records
-  assert len({record['pid'] for record in records}) == 3, records
+  assert [record['warm'] for record in records] == [True] * 2, records
+  assert len({record['pid'] for record in records}) == 2, records
