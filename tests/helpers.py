@@ -239,6 +239,19 @@ def load_config_file(path: pathlib.Path, *args):
   return module.get_config(*args)
 
 
+def config_from_flags(*args: str):
+  """The config ctl.main makes of these flags (`--config=FILE[:ARG]`, FILE
+  relative to the repository, and `--config.KEY=VALUE`), for a run in this
+  process."""
+  from ctl import config as config_lib  # pylint: disable=g-import-not-at-top
+  assert all(arg.startswith('--config') for arg in args), args
+  [config_file] = [arg.partition('=')[2] for arg in args
+                   if arg.startswith('--config=')]
+  overrides = dict(arg[len('--config.'):].split('=', 1) for arg in args
+                   if arg.startswith('--config.'))
+  return config_lib.load(str(REPO / config_file), overrides)
+
+
 # A recommendation export served in a fresh interpreter without ctl: its
 # signature on the eval pairs (argv: the SavedModel, the pairs' .npz).
 SERVE_RECOMMEND = """

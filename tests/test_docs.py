@@ -78,23 +78,41 @@ def _flags() -> set[str]:
   return found | {'config', 'helpfull', 'help'}
 
 
-def _defines(path: pathlib.Path, name: str) -> bool:
-  """Whether the module at path defines name (a function, a class, a
-  module-level name, a method or an attribute set on self)."""
-  tree = ast.parse(path.read_text())
-  for node in ast.walk(tree):
-    if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
-      return True
-    if isinstance(node, ast.Name) and node.id == name and isinstance(
-        node.ctx, ast.Store):
-      return True
-    if isinstance(node, ast.Attribute) and node.attr == name and isinstance(
-        node.ctx, ast.Store):
-      return True
-    if isinstance(node, ast.AnnAssign) and getattr(node.target, 'id',
-                                                   None) == name:
-      return True
-  return False
+def _defined_names(path: pathlib.Path) -> frozenset[str]:
+  """What the module at path defines: its functions, classes, module-level
+  names, methods and attributes set on self (and any other name it
+  assigns)."""
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+      names.add(node.id)
+    elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+      names.add(node.attr)
+    elif isinstance(node, ast.AnnAssign) and hasattr(node.target, 'id'):
+      names.add(node.target.id)
+  return frozenset(names)
+
+
+class _Known:
+  """What exists: config fields, flags, ctl's modules and classes, and what
+  each module defines (a module is parsed once, at the first question about
+  it: the docs ask about the same modules hundreds of times)."""
+
+  def __init__(self):
+    self.fields = _config_fields()
+    self.sections = {name for name in self.fields if '.' not in name}
+    self.flags = _flags()
+    self.modules = _ctl_modules()
+    self.classes = _classes()
+    self._names = {}
+
+  def defines(self, path: pathlib.Path, name: str) -> bool:
+    """Whether the module at path defines name."""
+    if path not in self._names:
+      self._names[path] = _defined_names(path)
+    return name in self._names[path]
 
 
 def _ctl_modules() -> dict[str, list[pathlib.Path]]:
@@ -113,7 +131,7 @@ def _classes() -> dict[str, list[pathlib.Path]]:
   return found
 
 
-def _problem(span: str, fields, flags, modules, classes) -> str | None:
+def _problem(span: str, known: _Known) -> str | None:
   """What in span does not exist; None if everything it names does."""
   words = _words(span)
   for word in words:
@@ -121,15 +139,16 @@ def _problem(span: str, fields, flags, modules, classes) -> str | None:
     if '<' in word or '*' in word or '...' in word or word.startswith('$'):
       continue
     problem = _word_problem(word, len(words) == 1 and word == span.strip(),
-                            fields, flags, modules, classes)
+                            known)
     if problem:
       return problem
   return None
 
 
-def _word_problem(word, alone, fields, flags, modules, classes):
+def _word_problem(word, alone, known):
   """What a word names that does not exist; alone: the whole span is this
   word (only then is `a.b` taken for a module and its symbol)."""
+  fields, modules, classes = known.fields, known.modules, known.classes
   if word.startswith('--'):
     name = word[2:].partition('=')[0]
     if name.startswith('config.'):
@@ -137,7 +156,7 @@ def _word_problem(word, alone, fields, flags, modules, classes):
       if field not in fields and field not in NOT_FIELDS:
         return f'config field {field}'
     elif name and f'--{name}' not in OTHER_PROGRAMS_FLAGS and (
-        name not in flags):
+        name not in known.flags):
       return f'flag --{name}'
     return None
   if re.fullmatch(r'(\.ci|ctl|configs|experiments|tests|benchmarks)'
@@ -151,17 +170,17 @@ def _word_problem(word, alone, fields, flags, modules, classes):
     module = REPO / 'ctl' / f'{match[1]}.py'
     if not module.exists():
       return f'module ctl/{match[1]}.py'
-    if match[2] != 'py' and not _defines(module, match[2]):
+    if match[2] != 'py' and not known.defines(module, match[2]):
       return f'{match[2]} in ctl/{match[1]}.py'
     return None
   if re.fullmatch(r'ctl(\.\w+)+', word):
-    return _importable(word)
+    return _importable(word, known)
   if word.startswith('config.') and re.fullmatch(r'[\w.]+', word):
     field = word[len('config.'):]
-    in_module = _defines(REPO / 'ctl' / 'config.py', field)  # config.load
+    in_module = known.defines(REPO / 'ctl' / 'config.py', field)  # load
     return (None if field in fields or field in NOT_FIELDS or in_module
             else f'config field {field}')
-  sections = {name for name in fields if '.' not in name}
+  sections = known.sections
   if re.fullmatch(r'[a-z_]+(\.[a-z_]\w*)+', word) and (
       word.split('.')[0] in sections) and (
           word in fields or word in NOT_FIELDS or _keras_attribute(word)):
@@ -169,15 +188,17 @@ def _word_problem(word, alone, fields, flags, modules, classes):
   match = re.fullmatch(r'(\w+)\.(\w+)', word)
   if match and match[1] in sections and not (
       alone and match[1] in modules and
-      any(_defines(path, match[2]) for path in modules[match[1]])):
+      any(known.defines(path, match[2]) for path in modules[match[1]])):
     return f'config field {word}'
   if not alone or not match:
     return None
   if match[1] in modules:
-    if not any(_defines(path, match[2]) for path in modules[match[1]]):
+    if not any(known.defines(path, match[2])
+               for path in modules[match[1]]):
       return f'{match[2]} in a module named {match[1]}'
   elif match[1] in classes:
-    if not any(_defines(path, match[2]) for path in classes[match[1]]):
+    if not any(known.defines(path, match[2])
+               for path in classes[match[1]]):
       return f'{match[2]} of class {match[1]}'
   return None
 
@@ -190,7 +211,7 @@ def _keras_attribute(word: str) -> bool:
   return owner in kinds and hasattr(kinds[owner], name)
 
 
-def _importable(dotted: str) -> str | None:
+def _importable(dotted: str, known: _Known) -> str | None:
   """None if ctl.a.b(.attribute) names a module of ctl and something it
   defines (read, not imported: commands define flags at import); else
   what does not exist."""
@@ -207,20 +228,21 @@ def _importable(dotted: str) -> str | None:
   if not rest:
     return None
   public = re.findall(r"'(\w+)': 'ctl", module.read_text())
-  if len(rest) > 1 or not (_defines(module, rest[0]) or rest[0] in public):
+  if len(rest) > 1 or not (known.defines(module, rest[0]) or
+                           rest[0] in public):
     return f'{dotted} ({".".join(rest)} not in {module.relative_to(REPO)})'
   return None
 
 
 @pytest.fixture(scope='module')
 def known():
-  return _config_fields(), _flags(), _ctl_modules(), _classes()
+  return _Known()
 
 
 @pytest.mark.parametrize('doc', DOCS)
 def test_every_name_in_the_doc_exists(doc, known):
   problems = sorted({f'`{span}`: no {problem}' for span in _spans(doc)
-                     if (problem := _problem(span, *known))})
+                     if (problem := _problem(span, known))})
   assert not problems, f'{doc} names what does not exist:\n' + '\n'.join(
       problems)
 
@@ -231,7 +253,7 @@ def test_the_check_finds_names_that_do_not_exist(known):
                '--config.intervals.log_stepz=1', 'config.no_such_field',
                '--no_such_flag', 'ctl.data.no_such_module',
                'manager.no_such_symbol', 'TrainLoop.no_such_method'):
-    assert _problem(span, *known), span
+    assert _problem(span, known), span
 
 
 def test_builds_map_lists_every_module():

@@ -2,9 +2,11 @@
 steps across a resume; early stopping that decides alike after a SIGTERM
 and a restart, its state and the CSV log's rows in the checkpoint; a
 chief-only action's stop request agreed by two workers; eval_end sees every
-pass's results."""
+pass's results. Runs whose process is not under test (no signal, no exit
+code, no cluster) train in this process: a TensorFlow start saved each."""
 
 import csv
+import logging
 import math
 import re
 import shutil
@@ -32,6 +34,17 @@ EARLY_STOPPING = (f'--config={helpers.DIGITS}:smoke',
                   '--config.log_csv=True')
 REASON = ('early stopping: eval accuracy did not improve on 0.75766 (step '
           '5) by more than 0 in 3 evaluation(s)')
+
+
+def _train_early_stopping(workdir, caplog) -> dict:
+  """EARLY_STOPPING's run in this process (the processes under test are
+  the first run's and the stopped ones); its results. caplog: its log."""
+  caplog.clear()
+  # On absl's logger: a run in this process may leave it at WARNING.
+  with caplog.at_level(logging.INFO, logger='absl'):
+    results = run.train_and_evaluate(
+        helpers.config_from_flags(*EARLY_STOPPING), str(workdir))
+  return results
 
 
 def _csv_rows(workdir) -> list[tuple[str, str, str]]:
@@ -86,7 +99,8 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_early_stopping_ends_with_exit_0_and_its_reason(uninterrupted):
+def test_early_stopping_ends_with_exit_0_and_its_reason(uninterrupted,
+                                                        caplog):
   workdir, _ = uninterrupted
   results = helpers.read_results(workdir)
   assert results['step'] == 20
@@ -98,24 +112,23 @@ def test_early_stopping_ends_with_exit_0_and_its_reason(uninterrupted):
       5, 10, 15, 20]
   assert {int(step) for step, name, _ in rows if name == 'train/loss'} == set(
       range(1, 21))
-  again = helpers.run_ctl(*EARLY_STOPPING, f'--workdir={workdir}')
-  assert again.returncode == 0, again.stderr[-3000:]
+  _train_early_stopping(workdir, caplog)
   assert f'Training already finished at step 20 of 88 (stopped: {REASON})' in (
-      again.stderr)
+      caplog.text)
 
 
 @pytest.mark.slow
 def test_a_stop_killed_before_its_results_finishes_without_training(
-    tmp_path, uninterrupted):
+    tmp_path, uninterrupted, caplog):
   # A SIGKILL after the checkpoint of the stop, before results.json.
   reference, fingerprint = uninterrupted
   workdir = tmp_path / 'run'
   shutil.copytree(reference, workdir)
   (workdir / 'results.json').unlink()
-  again = helpers.run_ctl(*EARLY_STOPPING, f'--workdir={workdir}')
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert 'Training from step' not in again.stderr
-  assert helpers.fingerprint(again.stderr) == fingerprint
+  again = _train_early_stopping(workdir, caplog)
+  assert 'Final weights sha256' in caplog.text  # The log is read.
+  assert 'Training from step' not in caplog.text
+  assert [again['weights_sha256']] == fingerprint
   assert helpers.read_results(workdir)['stopped'] == helpers.read_results(
       reference)['stopped']
 
@@ -123,7 +136,7 @@ def test_a_stop_killed_before_its_results_finishes_without_training(
 @pytest.mark.slow
 @pytest.mark.parametrize('stop_after', [7, 12])
 def test_a_sigterm_and_a_restart_stop_at_the_same_step_bit_identical(
-    tmp_path, uninterrupted, stop_after):
+    tmp_path, uninterrupted, stop_after, caplog):
   # After step 7 the early stopper has seen 1 evaluation, after 12, 2: its
   # count comes back from the checkpoint, or the resumed run stops later.
   reference, fingerprint = uninterrupted
@@ -140,10 +153,9 @@ def test_a_sigterm_and_a_restart_stop_at_the_same_step_bit_identical(
   stopped = int(re.search(r'Stopped by SIGTERM after step (\d+)',
                           job.output)[1])
   assert stopped < 20
-  resumed = helpers.run_ctl(*EARLY_STOPPING, f'--workdir={workdir}')
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert f'Training from step {stopped} to 88' in resumed.stderr
-  assert helpers.fingerprint(resumed.stderr) == fingerprint
+  resumed = _train_early_stopping(workdir, caplog)
+  assert f'Training from step {stopped} to 88' in caplog.text
+  assert [resumed['weights_sha256']] == fingerprint
   results = helpers.read_results(workdir)
   assert results['stopped'] == helpers.read_results(reference)['stopped']
   # The rows logged after the checkpoint, before the stop, are not twice.
@@ -169,24 +181,28 @@ def test_a_chief_only_stop_request_is_agreed_by_two_workers(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_spiking_loss_is_rolled_back_and_the_run_finishes(tmp_path):
-  args = (f'--config={NOISY}:SpikesOnce', '--config.deterministic=True',
-          '--config.rollback.max_rollbacks=2', '--config.rollback.factor=10')
-  rolled = helpers.run_ctl(*args, f'--workdir={tmp_path / "rolled"}')
-  assert rolled.returncode == 0, rolled.stderr[-3000:]
-  [line] = [line for line in rolled.stderr.splitlines()
-            if 'Rolled back' in line]
+def test_a_spiking_loss_is_rolled_back_and_the_run_finishes(tmp_path,
+                                                            caplog):
+  caplog.set_level('INFO')
+  results = run.train_and_evaluate(
+      _noisy('SpikesOnce', **{'rollback.max_rollbacks': 2,
+                              'rollback.factor': 10.0}),
+      str(tmp_path / 'rolled'))
+  [line] = [line for line in caplog.messages if 'Rolled back' in line]
   assert re.search(
       r'Rolled back after step 21: the training loss is \S+, over 10 times '
       r'its recent mean \S+ \(rollback 1 of 2\)\. The weights of step 20 '
       r'are back; the data of steps 21\.\.21 is skipped\.', line), line
-  results = helpers.read_results(tmp_path / 'rolled')
   assert results['step'] == 48
   assert results['eval']['mae'] < 0.5
-  # Without rollback the spike wrecks the model (or its loss turns NaN).
-  plain = helpers.run_ctl(*args[:2], f'--workdir={tmp_path / "plain"}')
-  assert plain.returncode != 0 or (
-      helpers.read_results(tmp_path / 'plain')['eval']['mae'] > 1)
+  # Without rollback the spike wrecks the model (or its loss turns NaN,
+  # which stops the run).
+  try:
+    plain = run.train_and_evaluate(_noisy('SpikesOnce'),
+                                   str(tmp_path / 'plain'))
+  except errors.CtlError:
+    plain = None
+  assert plain is None or plain['eval']['mae'] > 1
 
 
 def test_each_report_counts_the_train_metrics_of_its_steps_once(tmp_path):

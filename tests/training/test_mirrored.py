@@ -3,18 +3,18 @@
 tests/split_cpu.py splits this machine's CPU into two devices, standing in
 for a machine with two GPUs; everything else is `python -m ctl.main`. The
 one-replica runs they are compared with train in this process (no process
-or signal is under test there: a TensorFlow start saved each).
+or signal is under test there: a TensorFlow start saved each). Two
+replicas stopped by SIGTERM (and by SIGKILL), random layers' state and all,
+resume bit-identical in tests/training/test_resume_conformance.py.
 """
 
 import json
 import logging
-import re
 import sys
 
 import numpy as np
 import pytest
 
-from ctl import errors
 from ctl.training import run as run_lib
 import helpers
 
@@ -55,31 +55,6 @@ def test_two_replicas_train_what_one_replica_trains(tmp_path, caplog):
   assert helpers.assert_same_model(mirrored / 'checkpoints' / 'ckpt-88',
                                    single / 'checkpoints' / 'ckpt-88',
                                    atol=1e-5) == 6
-
-
-def test_sigterm_stops_two_replicas_and_the_resume_is_bit_identical(tmp_path):
-  args = (*ARGS, MIRRORED, '--config.deterministic=True',
-          '--config.model.dropout=0.3')
-  reference = helpers.Watched(_on_two_devices(
-      *args, f'--workdir={tmp_path / "reference"}'))
-  assert reference.wait() == 0, reference.output[-3000:]
-
-  stopped, code, attempt = helpers.sigterm_after(
-      lambda attempt: helpers.Watched(_on_two_devices(
-          *args, f'--workdir={tmp_path / f"stopped{attempt}"}')),
-      r'step 50/88 ', 88)
-  workdir = tmp_path / f'stopped{attempt}'
-  assert code == errors.EXIT_PREEMPTED, stopped.output[-3000:]
-  step = int(re.search(r'Stopped by SIGTERM after step (\d+)',
-                       stopped.output).group(1))
-  assert 50 < step < 88
-  assert helpers.latest_checkpoint_step(workdir) == step
-
-  resumed = helpers.Watched(_on_two_devices(*args, f'--workdir={workdir}'))
-  assert resumed.wait() == 0, resumed.output[-3000:]
-  assert f'Training from step {step} to 88' in resumed.output
-  assert helpers.fingerprint(resumed.output) == helpers.fingerprint(
-      reference.output)
 
 
 def test_two_replicas_evaluate_each_example_once_in_order(tmp_path):

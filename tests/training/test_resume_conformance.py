@@ -7,14 +7,18 @@ every topology (1 replica, 2 replicas in one process, 2 workers) and both
 signals (SIGTERM: save and exit 42; SIGKILL: resume from the latest
 checkpoint) appear, pairwise: each topology meets each signal. The step at
 which the signal is sent is drawn from a seed printed with the matrix;
-CTL_CONFORMANCE_SEED=<seed> reproduces a run.
+CTL_CONFORMANCE_SEED=<seed> reproduces a run. On one replica only the
+stopped run is a process of its own (a signal is under test there): the
+uninterrupted run and the resume train in this process, as ctl.main
+would, a TensorFlow start saved each.
 
 Also: a changed number of workers is refused (exit 2, the workdir as it
 was), and a stateful op before or after a shuffle is caught before
-training.
+training (in this process).
 """
 
 import dataclasses
+import logging
 import os
 import random
 import re
@@ -24,6 +28,7 @@ import sys
 import pytest
 
 from ctl import errors
+from ctl.training import run
 import helpers
 
 pytestmark = pytest.mark.slow
@@ -55,8 +60,11 @@ CASES = [
           '--config.model.name=user_modules:counting_model',
           '--config.evaluation.best_metric=acc')),
     Case('tf_data', 'two_workers', 'SIGKILL', (f'--config={NOISY}',)),
+    # Dropout: the SIGTERM save of two replicas holds their random layers'
+    # state (tests/training/test_mirrored.py leaves this case to here).
     Case('tfrecord', 'two_replicas', 'SIGTERM',
-         (f'--config={TFRECORD}:smoke', '--config.data.tfrecord.shift=1')),
+         (f'--config={TFRECORD}:smoke', '--config.data.tfrecord.shift=1',
+          '--config.model.dropout=0.3')),
     Case('regression', 'one_replica', 'SIGKILL',
          ('--config=configs/regression.py:smoke', *SHORT)),
     Case('clip_ema', 'two_replicas', 'SIGKILL',
@@ -91,29 +99,58 @@ def shards(tmp_path_factory):
   return tmp_path_factory.mktemp('data') / 'shards'
 
 
+@dataclasses.dataclass(frozen=True)
+class Reference:
+  """A case's uninterrupted run."""
+  workdir: object
+  fingerprint: list[str]  # The final weights' SHA-256 (worker 0's log).
+  total_steps: int
+  num_processes: int
+
+
 @pytest.fixture(scope='module')
 def references(tmp_path_factory, shards):
-  """reference(case): the workdir and jobs of the case's uninterrupted run,
-  run once a module (the tf_data case's also serves the changed number of
-  workers test, which reads its workdir and must leave it as it was)."""
+  """reference(case): the case's uninterrupted run, run once a module (the
+  tf_data case's workdir also serves the changed number of workers test,
+  which must leave it as it was)."""
   runs = {}
 
-  def reference(case: Case):
+  def reference(case: Case) -> Reference:
     if case not in runs:
       workdir = tmp_path_factory.mktemp(case.task) / 'reference'
-      jobs = _start(case, workdir, shards)
-      assert _wait(jobs) == [0] * len(jobs), jobs[0].output[-3000:]
-      runs[case] = workdir, jobs
+      if case.topology == 'one_replica':
+        results = run.train_and_evaluate(_config(case, shards), str(workdir))
+        runs[case] = Reference(workdir, [results['weights_sha256']],
+                               results['step'], 1)
+      else:
+        log, fingerprints = _run_to_end(case, workdir, shards)
+        total_steps = int(re.search(r'Training from step 0 to (\d+)',
+                                    log)[1])
+        runs[case] = Reference(workdir, fingerprints[0], total_steps,
+                               len(fingerprints))
     return runs[case]
 
   return reference
 
 
-def _start(case: Case, workdir, shards, *extra) -> list[helpers.Watched]:
+def _config(case: Case, shards):
+  """The case's config, as ctl.main makes it of the case's flags (for a run
+  in this process)."""
+  return helpers.config_from_flags(*_args(case, shards))
+
+
+def _args(case: Case, shards, *extra) -> tuple[str, ...]:
+  """The case's flags."""
+  tfrecord_dir = ((f'--config.data.tfrecord.dir={shards}',)
+                  if case.task == 'tfrecord' else ())
+  mirrored = (('--config.distribution.strategy=mirrored',)
+              if case.topology == 'two_replicas' else ())
+  return (*case.args, *COMMON, *tfrecord_dir, *mirrored, *extra)
+
+
+def _start(case: Case, workdir, shards) -> list[helpers.Watched]:
   """The case's job: one process, or one per worker."""
-  args = (*case.args, *COMMON, f'--workdir={workdir}', *extra)
-  if case.task == 'tfrecord':
-    args += (f'--config.data.tfrecord.dir={shards}',)
+  args = _args(case, shards, f'--workdir={workdir}')
   env = helpers.env_with()
   env['PYTHONPATH'] += f':{helpers.REPO}'  # experiments/ importable.
   if case.topology == 'two_workers':
@@ -123,8 +160,17 @@ def _start(case: Case, workdir, shards, *extra) -> list[helpers.Watched]:
   if case.topology == 'two_replicas':
     return [helpers.Watched([
         sys.executable, str(helpers.REPO / 'tests' / 'split_cpu.py'), '2',
-        *args, '--config.distribution.strategy=mirrored'], env)]
+        *args], env)]
   return [helpers.Watched(helpers.ctl_command(*args), env)]
+
+
+def _run_to_end(case: Case, workdir,
+                shards) -> tuple[str, list[list[str]]]:
+  """Runs the case's job in workdir to its end, unstopped: worker 0's log,
+  and each process's final weights' SHA-256."""
+  jobs = _start(case, workdir, shards)
+  assert _wait(jobs) == [0] * len(jobs), jobs[0].output[-3000:]
+  return jobs[0].output, [helpers.fingerprint(job.output) for job in jobs]
 
 
 def _wait(jobs) -> list[int]:
@@ -185,18 +231,30 @@ def _resumable_step(workdir, num_workers: int) -> int:
   return 0
 
 
+def _resume(case: Case, workdir, shards,
+            caplog) -> tuple[str, list[list[str]]]:
+  """Runs the case again in workdir, to its end: worker 0's log, and each
+  process's final weights' SHA-256 (1 replica: in this process)."""
+  if case.topology != 'one_replica':
+    return _run_to_end(case, workdir, shards)
+  caplog.clear()
+  # On absl's logger: a run in this process may leave it at WARNING.
+  with caplog.at_level(logging.INFO, logger='absl'):
+    results = run.train_and_evaluate(_config(case, shards), str(workdir))
+  return caplog.text, [[results['weights_sha256']]]
+
+
 @pytest.mark.parametrize('case', CASES, ids=_name)
 def test_a_stop_at_a_random_step_resumes_bit_identical(tmp_path, shards,
-                                                       references, case):
+                                                       references, case,
+                                                       caplog):
   if case is CASES[0]:
     _print_matrix()
-  _, reference = references(case)
-  expected = helpers.fingerprint(reference[0].output)
-  total_steps = int(re.search(r'Training from step 0 to (\d+)',
-                              reference[0].output)[1])
+  reference = references(case)
+  total_steps = reference.total_steps
   kill_step = _kill_step(case, total_steps)
   target = random.Random(f'{SEED}-{_name(case)}-target').randrange(
-      len(reference))
+      reference.num_processes)
   print(f'{_name(case)}: seed {SEED}, {case.signal} to process {target} '
         f'after step {kill_step} of {total_steps}')
 
@@ -208,7 +266,7 @@ def test_a_stop_at_a_random_step_resumes_bit_identical(tmp_path, shards,
     assert codes == [errors.EXIT_PREEMPTED] * len(jobs), output[-3000:]
     stopped = int(re.search(r'Stopped by SIGTERM after step (\d+)',
                             output)[1])
-    assert stopped < total_steps
+    assert kill_step <= stopped < total_steps
     assert helpers.latest_checkpoint_step(workdir) == stopped
   else:
     assert codes[target] == -signal.SIGKILL
@@ -217,27 +275,27 @@ def test_a_stop_at_a_random_step_resumes_bit_identical(tmp_path, shards,
     stopped = _resumable_step(workdir, len(jobs))
     newest = helpers.latest_checkpoint_step(workdir)
 
-  resumed = _start(case, workdir, shards)
-  assert _wait(resumed) == [0] * len(resumed), resumed[0].output[-3000:]
+  log, fingerprints = _resume(case, workdir, shards, caplog)
   if case.signal == 'SIGKILL' and stopped < newest:
-    assert "lacks a worker's data position" in resumed[0].output
-  assert f'Training from step {stopped} to {total_steps}' in (
-      resumed[0].output)
-  for job in resumed:
-    assert helpers.fingerprint(job.output) == expected, _name(case)
+    assert "lacks a worker's data position" in log
+  assert f'Training from step {stopped} to {total_steps}' in log
+  for fingerprint in fingerprints:
+    assert fingerprint == reference.fingerprint, _name(case)
 
 
 def test_a_changed_number_of_workers_is_refused_and_changes_nothing(
     shards, references):
   # A task's own tf.data pipeline: each worker saved its own position.
   case = next(case for case in CASES if case.task == 'tf_data')
-  workdir, _ = references(case)
+  workdir = references(case).workdir
   before = helpers.file_stamps(workdir)
   single = dataclasses.replace(case, topology='one_replica')
-  [job] = _start(single, workdir, shards)
-  assert job.wait() == errors.EXIT_USAGE, job.output[-3000:]
-  [line] = [line for line in job.output.splitlines()
-            if line.startswith('ctl: ')]
+  # In this process (no signal is under test): the ConfigError that
+  # ctl.main prints as one `ctl: error:` line, exit code 2.
+  with pytest.raises(errors.ConfigError) as raised:
+    run.train_and_evaluate(_config(single, shards), str(workdir))
+  assert raised.value.exit_code == errors.EXIT_USAGE
+  line = f'ctl: {raised.value.label}: {raised.value}'
   assert re.match(r'ctl: error: The checkpoint of step 48 was saved by 2 '
                   r'worker\(s\), and this job has 1: .* Resume with 2 '
                   r'worker\(s\), or train in a new --workdir starting from '
@@ -245,31 +303,37 @@ def test_a_changed_number_of_workers_is_refused_and_changes_nothing(
   assert helpers.file_stamps(workdir) == before
 
 
+def _refusal(task: str, workdir, caplog) -> str:
+  """The `ctl:` line ctl.main prints for the error that stops the run of
+  NOISY's task (in this process, no signal is under test), which must stop
+  it before training."""
+  # On absl's logger: a run in this process may leave it at WARNING.
+  with caplog.at_level(logging.INFO, logger='absl'):
+    with pytest.raises(errors.CtlError) as raised:
+      run.train_and_evaluate(helpers.config_from_flags(
+          f'--config={NOISY}:{task}'), str(workdir))
+  assert raised.value.exit_code == errors.EXIT_FAILURE
+  assert 'replica(s) in sync' in caplog.text  # The log is read.
+  assert 'Training from step' not in caplog.text
+  assert not (workdir / 'checkpoints').exists()
+  return f'ctl: {raised.value.label}: {raised.value}'
+
+
 @pytest.mark.parametrize('task', ['StatefulBeforeShuffle',
                                   'StatefulPipeline'],
                          ids=['before_shuffle', 'after_shuffle'])
 def test_a_stateful_op_in_the_pipeline_is_caught_before_training(tmp_path,
-                                                                 task):
-  run = helpers.run_ctl(f'--config={NOISY}:{task}', f'--workdir={tmp_path}')
-  assert run.returncode == errors.EXIT_FAILURE, run.stderr[-3000:]
-  [line] = [line for line in run.stderr.splitlines()
-            if line.startswith('ctl: ')]
+                                                                 task,
+                                                                 caplog):
+  line = _refusal(task, tmp_path, caplog)
   assert line.startswith("ctl: error: The training pipeline's position "
-                         'cannot be saved: RandomUniform is stateful')
-  assert 'Training from step' not in run.stderr
-  assert not (tmp_path / 'checkpoints').exists()
+                         'cannot be saved: RandomUniform is stateful'), line
 
 
 def test_a_reshuffled_shuffle_below_a_shuffle_is_refused_before_training(
-    tmp_path):
-  run = helpers.run_ctl(f'--config={NOISY}:ShufflesTwice',
-                        f'--workdir={tmp_path}')
-  assert run.returncode == errors.EXIT_FAILURE, run.stderr[-3000:]
-  [line] = [line for line in run.stderr.splitlines()
-            if line.startswith('ctl: ')]
+    tmp_path, caplog):
+  line = _refusal('ShufflesTwice', tmp_path, caplog)
   assert line.startswith('ctl: error: The training pipeline has a shuffle '
                          'that reshuffles each pass (ShuffleDatasetV3) below '
                          'another shuffle (ShuffleDatasetV3)'), line
   assert 'reshuffle_each_iteration=False' in line
-  assert 'Training from step' not in run.stderr
-  assert not (tmp_path / 'checkpoints').exists()
