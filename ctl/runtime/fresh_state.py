@@ -23,6 +23,10 @@ that state, lets one run change it, and puts it back:
   `sys.modules`, so that the next run imports its own `experiments.text`,
   not the one before's.
 
+- TensorFlow's collective keys: the next run's MirroredStrategy numbers
+  its collectives past those of the runs before (the runtime remembers
+  each it ran, with its shapes).
+
 Not restored, so a caller must keep such runs out (warm.py refuses them):
 what TensorFlow sets once per process (logical devices, the collective
 runtime of a multi-worker cluster, thread pools). Exit handlers a run
@@ -201,6 +205,7 @@ def _restore_tensorflow(saved: dict[str, Any] | None) -> None:
   tf.config.run_functions_eagerly(saved['functions_run_eagerly'])
   tf.config.optimizer.set_experimental_options(_all_options(saved))
   tf.config.optimizer.set_jit(saved['jit'] or False)
+  tf_internals.move_past_used_collective_keys()
 
 
 def _all_options(saved: dict[str, Any]) -> dict[str, Any]:

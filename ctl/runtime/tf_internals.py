@@ -292,3 +292,21 @@ def set_op_determinism(enabled: bool) -> None:
     tf_config.enable_op_determinism()
   else:
     tf_config.disable_op_determinism()
+
+
+# Each MirroredStrategy numbers its collective groups from 1 + this class
+# attribute (mirrored_strategy.py, MirroredExtended), and the collective
+# runtime keeps every (group, instance) it has run for the process's life:
+# the next run's strategy in a warm process (ctl/warm.py) reuses the keys,
+# and fails ("Shape mismatch in the collective instance 101") where its
+# tensors differ. TensorFlow's own tests raise it by this much per strategy
+# (distribute/strategy_combinations.py).
+_COLLECTIVE_KEY_STRIDE = 100_000
+
+
+def move_past_used_collective_keys() -> None:
+  """Makes the next MirroredStrategy of this process use collective keys
+  no earlier strategy used."""
+  from tensorflow.python.distribute import mirrored_strategy  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  mirrored_strategy.MirroredStrategy._collective_key_base += (  # pylint: disable=protected-access
+      _COLLECTIVE_KEY_STRIDE)

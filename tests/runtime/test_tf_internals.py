@@ -375,3 +375,15 @@ def test_op_determinism_turns_off_again():
     assert not tf_internals.op_determinism_enabled()
   finally:
     tf_internals.set_op_determinism(before)
+
+
+def test_the_next_mirrored_strategy_numbers_its_collectives_past_the_last():
+  # The fix for a warm process's next run (tests/runtime/test_warm.py):
+  # TensorFlow still reads the class attribute where it numbers groups.
+  def first_group_key():
+    keys = tf.distribute.MirroredStrategy(['/cpu:0']).extended._collective_keys  # pylint: disable=protected-access
+    return keys.get_group_key(['/job:localhost/replica:0/task:0/device:CPU:0'])
+
+  before = first_group_key()
+  tf_internals.move_past_used_collective_keys()
+  assert first_group_key() == before + tf_internals._COLLECTIVE_KEY_STRIDE  # pylint: disable=protected-access

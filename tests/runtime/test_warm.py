@@ -167,6 +167,27 @@ def test_warm_runs_after_one_that_changed_the_process_equal_fresh_ones(
   assert 'Final weights sha256' in (tmp_path / 'circle.log').read_text()
 
 
+@pytest.mark.slow  # A warm process on two CPU devices, two runs.
+def test_mirrored_runs_of_other_shapes_follow_each_other_in_a_warm_process(
+    tmp_path):
+  # Before, the second strategy reused the first's collective keys, and the
+  # runtime, which remembers each key's shapes, failed it: "Shape mismatch
+  # in the collective instance 101".
+  process = warm_client.WarmProcess(cpu_devices=2, env=helpers.env_with())
+  try:
+    answers = [process.run(
+        [f'--config={helpers.DIGITS}:smoke', *DIGITS,
+         '--config.distribution.strategy=mirrored',
+         f'--config.model.width={width}', f'--workdir={tmp_path / str(width)}'],
+        tmp_path / f'{width}.log', cpu_devices=2) for width in (32, 64)]
+  finally:
+    assert process.close() == 0
+  assert answers == [{'exit_code': 0}] * 2, (
+      tmp_path / '64.log').read_text()[-3000:]
+  for width in (32, 64):
+    assert helpers.read_results(tmp_path / str(width))['step'] > 0
+
+
 def test_a_warm_run_s_start_up_is_timed_from_its_own_start(tmp_path):
   # The second run's first step comes within the time from sending it to
   # its answer; counted from the process's start (as before), it held the
