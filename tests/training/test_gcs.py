@@ -17,9 +17,11 @@ import tensorflow as tf
 
 import ctl
 from ctl import errors
+from ctl import modes
 from ctl import status as status_lib
 from ctl import storage
 from ctl.data import datasets
+from ctl.training import run
 import helpers
 
 pytestmark = pytest.mark.slow
@@ -29,6 +31,12 @@ SEED = int(os.environ.get('CTL_GCS_SEED', random.randrange(10**6)))
 ARGS = (f'--config={helpers.DIGITS}', '--config.num_epochs=2',
         '--config.deterministic=True', '--config.intervals.log_steps=1',
         '--config.intervals.checkpoint_steps=11')
+
+
+def _config(**fields):
+  """ARGS' config, for a run in this process."""
+  return helpers.digits(2, deterministic=True, **{
+      'intervals.log_steps': 1, 'intervals.checkpoint_steps': 11}, **fields)
 
 
 def _env(server, **variables):
@@ -44,13 +52,13 @@ def _stop_step(name: str) -> int:
 def local_run(tmp_path_factory) -> str:
   """The digits job in a local workdir: its final weights' fingerprint."""
   workdir = tmp_path_factory.mktemp('local')
-  run = helpers.run_ctl(*ARGS, f'--workdir={workdir}')
-  assert run.returncode == 0, run.stderr[-3000:]
-  return helpers.fingerprint(run.stderr)[0]
+  reference = helpers.run_ctl(*ARGS, f'--workdir={workdir}')
+  assert reference.returncode == 0, reference.stderr[-3000:]
+  return helpers.fingerprint(reference.stderr)[0]
 
 
 def test_sigterm_mid_epoch_resumes_on_gcs_as_a_local_run_ends(
-    gcs_server, local_run, tmp_path):
+    gcs_server, local_run, tmp_path, caplog):
   workdir = gcs_server.url('digits')
   stop = _stop_step('sigterm')
   job = helpers.Watched(helpers.ctl_command(*ARGS, f'--workdir={workdir}'),
@@ -101,17 +109,15 @@ def test_sigterm_mid_epoch_resumes_on_gcs_as_a_local_run_ends(
   assert not list(scratch.glob('*export*'))  # The killed one's too.
   assert storage.exists(storage.join(workdir, 'export', 'export.json'))
   # --mode=evaluate reads the checkpoint there; init_from starts a local
-  # run from its weights.
-  evaluate = helpers.run_ctl(*ARGS, f'--workdir={workdir}', '--mode=evaluate',
-                             env=_env(gcs_server))
-  assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+  # run from its weights (both in this process, which reaches the store
+  # too: what is read from gs:// is tested, not a process of its own).
+  modes.run('evaluate', _config(), workdir)
   assert storage.read_json(storage.join(workdir, 'eval', 'results.json'))[
       'step'] == 88
-  warm = helpers.run_ctl(*ARGS, f'--workdir={tmp_path / "warm"}',
-                         '--config.total_steps=1',
-                         f'--config.init_from={workdir}', env=_env(gcs_server))
-  assert warm.returncode == 0, warm.stderr[-3000:]
-  assert f'from {workdir}' in warm.stderr
+  caplog.set_level('INFO')
+  run.train_and_evaluate(_config(total_steps=1, init_from=workdir),
+                         str(tmp_path / 'warm'))
+  assert f'Warm start from {workdir}' in caplog.text
 
 
 def test_two_workers_on_gcs_resume_after_one_is_killed(gcs_server, tmp_path):
@@ -182,10 +188,10 @@ def test_a_sweep_trial_on_gcs_writes_tfrecord_shards_then_trains_on_them(
       f'      trials=[{{"data.tfrecord.dir": "{data}",\n'
       '               "export.at_end": False}])\n')
   workdir = gcs_server.url('sweep')
-  run = helpers.Watched([sys.executable, '-m', 'ctl.sweep',
-                         f'--sweep={sweep_file}', f'--workdir={workdir}'],
-                        _env(gcs_server))
-  assert run.wait(timeout=600) == 0, run.output[-3000:]
+  sweep = helpers.Watched([sys.executable, '-m', 'ctl.sweep',
+                           f'--sweep={sweep_file}', f'--workdir={workdir}'],
+                          _env(gcs_server))
+  assert sweep.wait(timeout=600) == 0, sweep.output[-3000:]
   [trial] = [name for name in storage.listdir(workdir)
              if storage.isdir(storage.join(workdir, name))]
   trial_dir = storage.join(workdir, trial)
@@ -201,11 +207,11 @@ def test_a_sweep_trial_on_gcs_writes_tfrecord_shards_then_trains_on_them(
 
 def test_the_store_going_away_during_saves_loses_nothing(gcs_server):
   workdir = gcs_server.url('outage')
-  # A checkpoint every step: each outage falls on saves.
   args = (*ARGS, f'--workdir={workdir}', '--config.total_steps=30',
-          '--config.intervals.checkpoint_steps=1', '--config.steps_per_loop=1',
-          '--config.export.at_end=False')
-  job = helpers.Watched(helpers.ctl_command(*args), _env(gcs_server))
+          '--config.steps_per_loop=1', '--config.export.at_end=False')
+  # A checkpoint every step: each outage falls on saves.
+  job = helpers.Watched(helpers.ctl_command(
+      *args, '--config.intervals.checkpoint_steps=1'), _env(gcs_server))
   try:
     # Down for 5 s: TensorFlow's retries ride it out, or the run stops
     # as below.
@@ -232,6 +238,8 @@ def test_the_store_going_away_during_saves_loses_nothing(gcs_server):
   assert code == errors.EXIT_PEER_FAILED, job.output[-3000:]
   [line] = [line for line in job.output.splitlines() if 'ctl: error: ' in line]
   assert f'The store of workdir {workdir} did not answer' in line
+  # Resumed with ARGS' checkpoint every 11 steps (where it resumes from is
+  # what is tested, not its own saves).
   resumed = helpers.Watched(helpers.ctl_command(*args), _env(gcs_server))
   assert resumed.wait() == 0, resumed.output[-3000:]
   # From the latest whole checkpoint, written before the store went away.
@@ -256,14 +264,16 @@ def test_a_tfds_dataset_on_gcs_trains(gcs_server, tmp_path):
   data_dir = gcs_server.url('tfds')
   _upload(local, data_dir)
   workdir = gcs_server.url('tfds-run')
-  run = helpers.run_ctl(
+  # A process of its own: there TFDS finds the prepared files by name,
+  # without tfds_tiny's builder (imported in this one), as a user's does.
+  tfds_run = helpers.run_ctl(
       f'--config={helpers.REPO}/configs/tfds_mnist.py:smoke',
       f'--workdir={workdir}', f'--config.data.tfds.name={tfds_tiny.NAME}',
       f'--config.data.tfds.data_dir={data_dir}',
       '--config.data.tfds.feature_scale=0.0625', '--config.steps_per_epoch=0',
       '--config.num_epochs=2', '--config.export.at_end=False',
       env=_env(gcs_server))
-  assert run.returncode == 0, run.stderr[-3000:]
+  assert tfds_run.returncode == 0, tfds_run.stderr[-3000:]
   results = storage.read_json(storage.join(workdir, 'results.json'))
   assert results['step'] == 44 and results['eval']['accuracy'] > 0.5
 
@@ -281,9 +291,9 @@ def test_an_mnist_file_on_gcs_trains(gcs_server, tmp_path):
   storage.makedirs(os.path.dirname(path))
   storage.copy(str(local), path)
   workdir = gcs_server.url('mnist-run')
-  run = helpers.run_ctl(f'--config={helpers.REPO}/configs/mnist.py:smoke',
-                        f'--workdir={workdir}', '--config.data.name=mnist',
-                        f'--config.data.path={path}',
-                        '--config.export.at_end=False', env=_env(gcs_server))
-  assert run.returncode == 0, run.stderr[-3000:]
+  # In this process: reading from gs:// is tested, not a process.
+  run.train_and_evaluate(helpers.override(
+      helpers.load_config('mnist', 'smoke'), **{
+          'data.name': 'mnist', 'data.path': path, 'export.at_end': False}),
+                         workdir)
   assert storage.read_json(storage.join(workdir, 'results.json'))['step']

@@ -27,22 +27,19 @@ TOTAL_STEPS = 96
 TOPOLOGIES = ('two_replicas', 'two_workers')  # In processes of their own.
 
 # One replica's gradient overflows, the other's does not: Keras checks
-# replica 0's, applies the sum.
+# replica 0's, applies the sum. Each way (argv) on weights and an
+# optimizer of its own, in one process.
 _ONE_REPLICA_OVERFLOWS = '''
 import sys
 import tensorflow as tf
 [cpu] = tf.config.list_physical_devices('CPU')
 tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import json, keras
+import functools, json, keras
 from ctl import task as task_lib
 strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
-with strategy.scope():
-  weights = tf.Variable([1.0, 2.0])
-  optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-  optimizer.build([weights])
 
-def step(how):
+def step(how, weights, optimizer):
   replica = tf.distribute.get_replica_context().replica_id_in_sync_group
   gradient = tf.where(tf.equal(replica, 1), [float('inf'), 1.0], [1.0, 1.0])
   if how == 'keras':
@@ -52,31 +49,37 @@ def step(how):
                                seed=0, training=True)
     ctx.apply_gradients(optimizer, [(gradient, weights)])
 
-tf.function(lambda: strategy.run(step, args=(sys.argv[1],)))()
-print(json.dumps({'weights': [float(w) for w in weights.numpy()],
-                  'scale': float(optimizer.dynamic_scale.numpy()),
-                  'iterations': int(optimizer.iterations.numpy())}))
+for how in sys.argv[1:]:
+  with strategy.scope():
+    weights = tf.Variable([1.0, 2.0])
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    optimizer.build([weights])
+  tf.function(lambda: strategy.run(
+      functools.partial(step, how, weights, optimizer)))()
+  print(json.dumps({'weights': [float(w) for w in weights.numpy()],
+                    'scale': float(optimizer.dynamic_scale.numpy()),
+                    'iterations': int(optimizer.iterations.numpy())}))
 '''
 
 
-def _one_overflowing_replica(how: str) -> dict:
-  run = subprocess.run([sys.executable, '-c', _ONE_REPLICA_OVERFLOWS, how],
+def _one_overflowing_replica(*ways: str) -> list[dict]:
+  """What each way ('keras', 'ctx') left: weights, loss scale, iterations."""
+  run = subprocess.run([sys.executable, '-c', _ONE_REPLICA_OVERFLOWS, *ways],
                        capture_output=True, text=True, timeout=300,
                        cwd=helpers.REPO, env=helpers.env_with())
   assert run.returncode == 0, run.stderr[-3000:]
-  return json.loads(run.stdout.splitlines()[-1])
+  return [json.loads(line) for line in run.stdout.splitlines()[-len(ways):]]
 
 
 @pytest.mark.slow
 def test_keras_checks_one_replicas_gradients_and_ctx_checks_their_sum():
-  keras_way = _one_overflowing_replica('keras')
+  keras_way, ctx_way = _one_overflowing_replica('keras', 'ctx')
   # Keras 3's LossScaleOptimizer under MirroredStrategy decides on replica
   # 0's own gradients, then its inner optimizer sums them: the inf of
   # replica 1 is applied. If this fails, Keras changed: revisit BUILD.md's
   # "Mixed precision" and ctx.apply_gradients.
   assert keras_way['weights'][0] == float('-inf')
   assert keras_way['iterations'] == 1 and keras_way['scale'] == 2.0**15
-  ctx_way = _one_overflowing_replica('ctx')
   # Summed first: every replica sees the overflow; the step is skipped
   # and the loss scale halves.
   assert ctx_way == {'weights': [1.0, 2.0], 'scale': 2.0**14,

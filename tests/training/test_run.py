@@ -1,6 +1,7 @@
 """train_and_evaluate in this process, on one device: the loop's contract."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -18,6 +19,35 @@ def finished_run(tmp_path_factory):
   config = helpers.digits()
   workdir = tmp_path_factory.mktemp('finished')
   return config, workdir, run.train_and_evaluate(config, str(workdir))
+
+
+@pytest.fixture(scope='module')
+def one_epoch(tmp_path_factory):
+  """A 1-epoch digits run, trained once for the tests that start from it
+  (each on a copy, `_copy`): (workdir, results)."""
+  workdir = tmp_path_factory.mktemp('one_epoch')
+  return workdir, run.train_and_evaluate(helpers.digits(num_epochs=1),
+                                         str(workdir))
+
+
+@pytest.fixture(scope='module')
+def narrow_one_epoch(tmp_path_factory):
+  """A 1-epoch digits run of a narrower model (model.width=16): its
+  workdir, left as it is by the tests that read it."""
+  workdir = tmp_path_factory.mktemp('narrow')
+  run.train_and_evaluate(helpers.digits(num_epochs=1, **{'model.width': 16}),
+                         str(workdir))
+  return workdir
+
+
+def _copy(workdir, destination):
+  """A copy of a finished run's workdir (times kept) to train on; its path.
+
+  Nothing in a workdir names its own path: the copy resumes as the run
+  itself would.
+  """
+  shutil.copytree(workdir, destination)
+  return destination
 
 
 def test_writes_checkpoints_summaries_config_and_results(finished_run):
@@ -49,70 +79,72 @@ def test_a_finished_run_is_not_trained_again(finished_run):
   assert helpers.file_stamps(workdir) == before
 
 
-def test_a_finished_run_without_results_only_evaluates(tmp_path):
+def test_a_finished_run_without_results_only_evaluates(one_epoch, tmp_path):
   config = helpers.digits(num_epochs=1)
-  results = run.train_and_evaluate(config, str(tmp_path))
-  (tmp_path / 'results.json').unlink()
-  checkpoints = helpers.file_stamps(tmp_path / 'checkpoints')
-  again = run.train_and_evaluate(config, str(tmp_path))
+  source, results = one_epoch
+  workdir = _copy(source, tmp_path / 'run')
+  (workdir / 'results.json').unlink()
+  checkpoints = helpers.file_stamps(workdir / 'checkpoints')
+  again = run.train_and_evaluate(config, str(workdir))
   assert again['timing'] == {}  # This process trained nothing.
   assert {**again, 'timing': results['timing']} == results
-  assert helpers.file_stamps(tmp_path / 'checkpoints') == checkpoints
+  assert helpers.file_stamps(workdir / 'checkpoints') == checkpoints
 
 
-def test_resumes_from_the_latest_checkpoint(tmp_path):
-  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
-  results = run.train_and_evaluate(helpers.digits(num_epochs=2), str(tmp_path))
+def test_resumes_from_the_latest_checkpoint(one_epoch, tmp_path):
+  workdir = _copy(one_epoch[0], tmp_path / 'run')
+  results = run.train_and_evaluate(helpers.digits(num_epochs=2), str(workdir))
   assert results['step'] == 88
   # Two runs, two event files; the second starts after the first's last step.
-  steps = [step for step, _ in helpers.read_scalars(tmp_path / 'train')['loss']]
+  steps = [step for step, _ in helpers.read_scalars(workdir / 'train')['loss']]
   assert steps == list(range(11, 89, 11))
   # The changed config is saved; the one the workdir started with is kept.
-  kept = list(tmp_path.glob('config.*.json'))
+  kept = list(workdir.glob('config.*.json'))
   assert len(kept) == 1
   assert json.loads(kept[0].read_text())['num_epochs'] == 1
-  assert json.loads((tmp_path / 'config.json').read_text())['num_epochs'] == 2
+  assert json.loads((workdir / 'config.json').read_text())['num_epochs'] == 2
 
 
-def test_a_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
-  run.train_and_evaluate(helpers.digits(num_epochs=1, **{'model.width': 16}),
-                           str(tmp_path))
-  before = helpers.file_stamps(tmp_path)
-  config_before = (tmp_path / 'config.json').read_text()
+def test_a_checkpoint_of_another_model_is_refused_and_kept(narrow_one_epoch,
+                                                          tmp_path):
+  workdir = _copy(narrow_one_epoch, tmp_path / 'run')
+  before = helpers.file_stamps(workdir)
+  config_before = (workdir / 'config.json').read_text()
   with pytest.raises(errors.CtlError, match='does not match this model') as e:
-    run.train_and_evaluate(helpers.digits(num_epochs=2), str(tmp_path))
+    run.train_and_evaluate(helpers.digits(num_epochs=2), str(workdir))
   assert 'left untouched' in str(e.value)
   # No earlier checkpoint restores into this model either: no false hint.
   assert 'previous checkpoint' not in str(e.value)
   # A start that failed changed nothing, config.json included.
-  assert helpers.file_stamps(tmp_path) == before
-  assert (tmp_path / 'config.json').read_text() == config_before
+  assert helpers.file_stamps(workdir) == before
+  assert (workdir / 'config.json').read_text() == config_before
 
 
-def test_a_config_that_cuts_epochs_differently_is_refused(tmp_path):
-  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
+def test_a_config_that_cuts_epochs_differently_is_refused(one_epoch,
+                                                          tmp_path):
+  workdir = _copy(one_epoch[0], tmp_path / 'run')
   with pytest.raises(errors.ConfigError, match='22 steps per epoch'):
     run.train_and_evaluate(helpers.digits(num_epochs=2, batch_size=64),
-                             str(tmp_path))
+                             str(workdir))
 
 
-def test_a_diverging_loss_stops_before_saving(tmp_path):
-  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
-  before = helpers.file_stamps(tmp_path)
+def test_a_diverging_loss_stops_before_saving(one_epoch, tmp_path):
+  workdir = _copy(one_epoch[0], tmp_path / 'run')
+  before = helpers.file_stamps(workdir)
   # A resumed run's loops end where an uninterrupted run's do (the summary
   # interval, 11): the loop of steps 45..55 diverged, nothing after 44 saved.
   with pytest.raises(errors.CtlError, match=r'diverged in steps 45\.\.55\. '
                      r'Nothing was saved after step 44\.'):
     run.train_and_evaluate(helpers.digits(num_epochs=2,
                                      loss='user_modules:nan_loss'),
-                             str(tmp_path))
-  after = helpers.file_stamps(tmp_path)
+                             str(workdir))
+  after = helpers.file_stamps(workdir)
   # Only the worker's status file says what became of the run.
   assert {name: after[name] for name in before
           if not name.startswith(('config', 'workers/'))} == {
               name: stamp for name, stamp in before.items()
               if not name.startswith(('config', 'workers/'))}
-  status = json.loads((tmp_path / 'workers' / 'worker-0.json').read_text())
+  status = json.loads((workdir / 'workers' / 'worker-0.json').read_text())
   assert (status['state'], status['exit_code']) == ('failed', 1)
   assert 'diverged in steps 45..55' in status['reason']
   new_files = set(after) - set(before)
@@ -133,6 +165,7 @@ def test_a_batch_larger_than_the_data_is_a_config_error(tmp_path):
   assert not (tmp_path / 'w').exists()
 
 
+@pytest.mark.slow
 def test_trains_a_users_own_dataset_and_model(tmp_path):
   config = helpers.digits(num_epochs=10, **{
       'data.name': 'user_modules:blobs', 'model.name': 'user_modules:linear',
@@ -172,47 +205,49 @@ def test_weights_fingerprint_sees_every_weight():
 
 @pytest.mark.parametrize('damage', ['truncated data', 'garbage state file'])
 @pytest.mark.slow
-def test_a_corrupted_checkpoint_is_refused_and_kept(tmp_path, damage):
-  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path))
-  checkpoints = tmp_path / 'checkpoints'
+def test_a_corrupted_checkpoint_is_refused_and_kept(one_epoch, tmp_path,
+                                                    damage):
+  workdir = _copy(one_epoch[0], tmp_path / 'run')
+  checkpoints = workdir / 'checkpoints'
   if damage == 'truncated data':
     data = checkpoints / 'ckpt-44.data-00000-of-00001'
     data.write_bytes(data.read_bytes()[:1000])
   else:
     (checkpoints / 'checkpoint').write_text('model_checkpoint_path: {{{')
-  before = helpers.file_stamps(tmp_path)
+  before = helpers.file_stamps(workdir)
   with pytest.raises(errors.CtlError, match='untouched'):
-    run.train_and_evaluate(helpers.digits(num_epochs=2), str(tmp_path))
-  assert helpers.file_stamps(tmp_path) == before
+    run.train_and_evaluate(helpers.digits(num_epochs=2), str(workdir))
+  assert helpers.file_stamps(workdir) == before
 
 
-def test_a_damaged_latest_checkpoint_names_the_previous_one(tmp_path):
-  run.train_and_evaluate(helpers.digits(num_epochs=2), str(tmp_path))
-  checkpoints = tmp_path / 'checkpoints'
+def test_a_damaged_latest_checkpoint_names_the_previous_one(finished_run,
+                                                            tmp_path):
+  workdir = _copy(finished_run[1], tmp_path / 'run')
+  checkpoints = workdir / 'checkpoints'
   data = checkpoints / 'ckpt-88.data-00000-of-00001'
   data.write_bytes(data.read_bytes()[:1000])
-  before = helpers.file_stamps(tmp_path)
+  before = helpers.file_stamps(workdir)
   with pytest.raises(errors.CtlError) as error:
-    run.train_and_evaluate(helpers.digits(num_epochs=3), str(tmp_path))
+    run.train_and_evaluate(helpers.digits(num_epochs=3), str(workdir))
   message = str(error.value)
   assert 'ckpt-88 does not match this model' in message
   assert 'previous checkpoint' in message and 'ckpt-44' in message
   assert f'move {checkpoints}/ckpt-88.* out of {checkpoints}' in message
-  assert helpers.file_stamps(tmp_path) == before
+  assert helpers.file_stamps(workdir) == before
 
   # Done as the message says, the same run resumes from ckpt-44.
-  aside = tmp_path / 'damaged'
+  aside = workdir / 'damaged'
   aside.mkdir()
   for path in checkpoints.glob('ckpt-88.*'):
     path.rename(aside / path.name)
-  results = run.train_and_evaluate(helpers.digits(num_epochs=3), str(tmp_path))
+  results = run.train_and_evaluate(helpers.digits(num_epochs=3), str(workdir))
   assert results['step'] == 132
-  assert helpers.latest_checkpoint_step(tmp_path) == 132
+  assert helpers.latest_checkpoint_step(workdir) == 132
 
 
-def test_warm_start_takes_model_weights_and_starts_at_step_0(tmp_path):
-  source = tmp_path / 'source'
-  run.train_and_evaluate(helpers.digits(num_epochs=1), str(source))
+def test_warm_start_takes_model_weights_and_starts_at_step_0(one_epoch,
+                                                            tmp_path):
+  source = one_epoch[0]  # Only read.
   # A negligible learning rate leaves the warm-started weights as they are.
   target = tmp_path / 'target'
   results = run.train_and_evaluate(
@@ -225,8 +260,8 @@ def test_warm_start_takes_model_weights_and_starts_at_step_0(tmp_path):
 
 
 def test_warm_start_is_ignored_once_the_workdir_has_a_checkpoint(
-    tmp_path, caplog):
-  run.train_and_evaluate(helpers.digits(num_epochs=1), str(tmp_path / 'own'))
+    one_epoch, tmp_path, caplog):
+  _copy(one_epoch[0], tmp_path / 'own')
   caplog.set_level('INFO')
   run.train_and_evaluate(
       helpers.digits(num_epochs=2, init_from=str(tmp_path / 'no_such_dir')),
@@ -234,12 +269,11 @@ def test_warm_start_is_ignored_once_the_workdir_has_a_checkpoint(
   assert 'Restored' in caplog.text and 'Warm start' not in caplog.text
 
 
-def test_warm_start_from_another_model_is_a_clear_error(tmp_path):
-  run.train_and_evaluate(helpers.digits(num_epochs=1, **{'model.width': 16}),
-                           str(tmp_path / 'narrow'))
+def test_warm_start_from_another_model_is_a_clear_error(narrow_one_epoch,
+                                                        tmp_path):
   with pytest.raises(errors.CtlError, match='Cannot warm-start'):
     run.train_and_evaluate(
-        helpers.digits(num_epochs=1, init_from=str(tmp_path / 'narrow')),
+        helpers.digits(num_epochs=1, init_from=str(narrow_one_epoch)),
         str(tmp_path / 'wide'))
 
 

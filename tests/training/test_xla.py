@@ -97,9 +97,12 @@ def test_every_choice_trains_what_plain_tensorflow_trains(tmp_path, plain,
                             plain_workdir / 'checkpoints/ckpt-40', atol=1e-4)
 
 
+# Each of XLA's two ways, and each model, once (mlp with 'loop' compiles
+# the slowest, 2-3 times the others); that XLA trains every pair alike:
+# test_every_choice_trains_what_plain_tensorflow_trains.
 @pytest.mark.slow
-@pytest.mark.parametrize('model, jit_compile', [
-    ('mlp', 'loop'), ('mlp', 'step'), ('cnn', 'step'), ('cnn', 'loop')])
+@pytest.mark.parametrize('model, jit_compile', [('mlp', 'step'),
+                                                ('cnn', 'loop')])
 def test_every_choice_resumes_bit_identical_random_layers_included(
     tmp_path, model, jit_compile):
   # XLA draws dropout masks of its own: the random state must resume too.
