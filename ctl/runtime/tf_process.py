@@ -41,6 +41,7 @@ files, ended fast.
 import atexit
 from collections.abc import Callable
 import contextlib
+import gc
 import glob
 import os
 import signal
@@ -98,12 +99,28 @@ def quiet_start_up():
 
 
 def import_tensorflow() -> None:
-  """Imports TensorFlow and Keras and finds the devices, quietly."""
-  with quiet_start_up():
+  """Imports TensorFlow and Keras and finds the devices, quietly, without
+  the garbage collector (it ran 958 times over the import's growing heap:
+  BENCHMARKS.md, "Start-up"); what the import made is then frozen
+  (`gc.freeze`): it lives as long as the process; collections skip it."""
+  with quiet_start_up(), _garbage_collection_paused():
     import keras  # pylint: disable=g-import-not-at-top,unused-import
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     # Finding the devices is when CUDA reports that there is no GPU.
     tf.config.list_physical_devices()
+
+
+@contextlib.contextmanager
+def _garbage_collection_paused():
+  """Within it, no garbage collection; after it, what exists is frozen."""
+  was_enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    gc.freeze()
+    if was_enabled:
+      gc.enable()
 
 
 def remove_autograph_bytecode_at_exit() -> None:
