@@ -25,7 +25,6 @@ import pytest
 from ctl import errors
 from ctl.cluster import stragglers
 from ctl.cluster import peer_evidence
-from ctl.cluster import worker_status
 from ctl.cluster import worker_timings
 from ctl.status import verdict
 import helpers

@@ -22,7 +22,6 @@ import ctl
 from ctl import errors as ctl_errors
 import helpers
 from ctl.runtime import warm_client
-from ctl import warm
 
 COMPAT = helpers.REPO / 'tests' / 'compat'
 V0_1_0 = COMPAT / 'v0_1_0'
@@ -444,7 +443,6 @@ def test_a_0_2_0_study_is_joined_named_and_resumed_with_its_sweep_file(
     tmp_path):
   # Its description of the search has no sampler_options (0.2.0 had none),
   # nor metric names.
-  from ctl import hyper  # pylint: disable=g-import-not-at-top
   from ctl.runtime import studies  # pylint: disable=g-import-not-at-top
   from ctl.sweep import study as study_lib  # pylint: disable=g-import-not-at-top
   from ctl.sweep import trials as trials_lib  # pylint: disable=g-import-not-at-top

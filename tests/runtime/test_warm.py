@@ -16,7 +16,6 @@ import pytest
 import helpers
 from ctl.runtime import warm_client
 from ctl.runtime import fresh_state
-from ctl import warm
 
 # A task that changes what a process shares: Keras's dtype policy and
 # epsilon, op determinism, the global seed, an environment variable.

@@ -3,7 +3,6 @@
 import ast
 import csv
 import json
-import os
 import pathlib
 import re
 import signal
