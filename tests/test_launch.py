@@ -98,8 +98,12 @@ def test_workers_left_after_the_grace_are_killed_with_one_line(tmp_path):
     pids = json.loads(launcher.wait_for(
         r'started workers with pids (\[.*\])').group(1))
     launcher.wait_for(r'\[worker 0\] .*step \d+/')
+    # Worker 0, stopped, cannot leave by itself when it sees its peer gone
+    # (it did so within 0.1 s once, before the launcher looked: no line).
+    os.kill(pids[0], signal.SIGSTOP)
     os.kill(pids[1], signal.SIGKILL)
     assert launcher.wait() == 43, launcher.output[-3000:]
   finally:
     launcher.kill()
   assert launcher.output.count('killing workers') == 1, launcher.output[-3000:]
+  assert 'workers exited with [-9, -9]' in launcher.output
