@@ -16,6 +16,8 @@ import pytest
 import helpers
 from ctl.runtime import warm_client
 from ctl.runtime import fresh_state
+# In sys.modules for test_the_modules_kept_are_ctl_s_and_the_installed_ones.
+from ctl import warm  # pylint: disable=unused-import
 
 # A task that changes what a process shares: Keras's dtype policy and
 # epsilon, op determinism, the global seed, an environment variable.
