@@ -1,5 +1,6 @@
 """The launcher's decisions, and a launch that a restart cannot fix."""
 
+import contextlib
 import json
 import os
 import signal
@@ -105,5 +106,9 @@ def test_workers_left_after_the_grace_are_killed_with_one_line(tmp_path):
     assert launcher.wait() == 43, launcher.output[-3000:]
   finally:
     launcher.kill()
+    # A stopped worker would outlive a launcher killed half-way.
+    for pid in helpers.processes_mentioning(workdir):
+      with contextlib.suppress(ProcessLookupError):  # Gone meanwhile.
+        os.kill(pid, signal.SIGKILL)
   assert launcher.output.count('killing workers') == 1, launcher.output[-3000:]
   assert 'workers exited with [-9, -9]' in launcher.output

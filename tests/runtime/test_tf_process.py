@@ -50,9 +50,7 @@ collections = []
 gc.callbacks.append(lambda phase, info: phase == 'start' and
                     collections.append(info['generation']))
 tf_process.import_tensorflow()
-during = len(collections)
-gc.collect()
-print(during, gc.isenabled(), gc.get_freeze_count() > 100_000)
+print(len(collections), gc.isenabled(), gc.get_freeze_count() > 100_000)
 '''
 
 
