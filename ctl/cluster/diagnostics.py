@@ -25,6 +25,7 @@ from absl import logging
 from ctl import errors
 from ctl import storage
 from ctl.cluster import peer_evidence
+from ctl.cluster import watchdog
 from ctl.cluster import worker_status
 from ctl.runtime import workdir as workdir_lib
 
@@ -89,12 +90,17 @@ def thread_stacks() -> str:
 def name_stalled_peers(failure: errors.PeerFailure,
                        status: worker_status.WorkerStatus,
                        error: BaseException,
-                       dump: str | None) -> errors.PeerFailure:
+                       watchdog_dump: str | None) -> errors.PeerFailure:
   """The failure, naming the peers that stopped making progress and the
-  dump (written now if the watchdog did not write one)."""
+  dump: the watchdog's where its abort ended the wait (its stacks show
+  where this worker waited); else one written now with TensorFlow's error
+  in it. (The watchdog may have dumped after TensorFlow's error, its stacks
+  then showing this worker's way out, not its wait: that dump is
+  replaced.)"""
   if status.workdir is None:
     return failure
   stalled = peer_evidence.read_and_wait_for_evidence(status)
+  dump = watchdog_dump if watchdog.ended_the_wait(error) else None
   if dump is None:
     try:
       dump = write(status, f'TensorFlow reported a lost peer '

@@ -56,6 +56,12 @@ _MAX_POLL_SECONDS = 1.0
 _ASK_GONE_AFTER_SECONDS = 2.0
 
 
+def ended_the_wait(error: BaseException) -> bool:
+  """Whether error is one a watchdog's abort gave the waiting collectives
+  (rather than TensorFlow's own report of a lost peer)."""
+  return ABORT_MESSAGE in str(error) or PEER_GONE_MESSAGE in str(error)
+
+
 class Watchdog:
   """Aborts this worker's collectives after timeout_seconds without progress.
 

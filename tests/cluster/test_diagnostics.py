@@ -21,10 +21,14 @@ import threading
 import time
 
 import pytest
+import tensorflow as tf
 
 from ctl import errors
-from ctl.cluster import stragglers
+from ctl.cluster import diagnostics
 from ctl.cluster import peer_evidence
+from ctl.cluster import stragglers
+from ctl.cluster import watchdog
+from ctl.cluster import worker_status
 from ctl.cluster import worker_timings
 from ctl.status import verdict
 import helpers
@@ -428,6 +432,41 @@ def test_a_file_an_earlier_runs_worker_left_is_not_this_runs_peer():
   assert peer_evidence.stalled_peers(
       {0: me, 1: {**left, 'time': now - 10}}, 0, now)[0].endswith(
           ': its process is gone')
+
+
+def test_the_dump_shows_the_wait_whichever_of_tensorflow_and_watchdog_ended_it(
+    tmp_path):
+  # TensorFlow's own report of a lost peer can come first, its timeout
+  # being the watchdog's: the watchdog then dumps while this worker is on its
+  # way out (its stacks not the wait). The dump named is then one with
+  # TensorFlow's error, whose traceback shows the wait. Where the
+  # watchdog's abort ended the wait, its dump (taken at the wait) is kept.
+  me = worker_status.WorkerStatus(str(tmp_path), worker_index=0,
+                                  num_workers=2, timeout_seconds=30)
+  watchdog_why = 'No progress for 30 s: aborting the collectives'
+
+  def waited_in_a_collective(message: str) -> Exception:
+    try:
+      raise tf.errors.DeadlineExceededError(None, None, message)
+    except tf.errors.DeadlineExceededError as error:
+      return error
+
+  lost = waited_in_a_collective('Collective ops is aborted by: a peer lost')
+  dump = diagnostics.write(me, watchdog_why)
+  failure = diagnostics.name_stalled_peers(errors.PeerFailure('Lost.'), me,
+                                           lost, dump)
+  text = pathlib.Path(dump).read_text()
+  assert 'TensorFlow reported a lost peer (DeadlineExceededError)' in text
+  assert 'in waited_in_a_collective' in text and watchdog_why not in text
+  assert f'Stacks and every worker\'s last status: {dump}.' in str(failure)
+
+  aborted = waited_in_a_collective(f'{watchdog.ABORT_MESSAGE}30')
+  dump = diagnostics.write(me, watchdog_why)
+  failure = diagnostics.name_stalled_peers(errors.PeerFailure('Lost.'), me,
+                                           aborted, dump)
+  text = pathlib.Path(dump).read_text()
+  assert watchdog_why in text and 'TensorFlow reported' not in text
+  assert dump in str(failure)
 
 
 def test_a_peer_on_this_machine_is_named_when_its_process_is_stopped_or_gone():
