@@ -6,7 +6,9 @@ The search of issue 50, as a new user would try it: ctl's digits CNN
 (configs/digits.py, Adam at a constant rate, batch 32, the 359 held-out
 digits evaluated after every epoch), the learning rate log-uniform and the
 dense layer's width categorical (experiments/digits_search.py's space), TPE
-and the median pruner, 16 trials of up to EPOCHS epochs. The contenders,
+and the median pruner, 16 trials of up to EPOCHS epochs, each ranked by
+its best epoch's accuracy (Keras Tuner's objective; ctl's
+'best.eval.accuracy', the model a trial exports). The contenders,
 each a fresh process timed from its start, one after another:
   ctl.sweep with --parallel=1 and --parallel=2 (warm trial slots, the
     default), each trial's evaluations read from its log.txt;
@@ -100,7 +102,7 @@ def _sweep_file(directory: pathlib.Path, trials: int, epochs: int,
       f"          fixed={ {**FIXED, 'num_epochs': epochs}!r},\n"
       f"          num_trials={trials}, sampler='tpe', pruner='median',\n"
       f'          pruner_options={PRUNER_OPTIONS!r}, seed={seed}),\n'
-      "      metric='eval.accuracy', mode='max')\n")
+      "      metric='best.eval.accuracy', mode='max')\n")
   return path
 
 

@@ -79,18 +79,20 @@ def _optuna(arrays, build, record: dict) -> None:
     model = build(
         trial.suggest_float('learning_rate', *search.LEARNING_RATES, log=True),
         trial.suggest_categorical('width', list(search.WIDTHS)))
+    best = 0.0
     for epoch in range(_EPOCHS.value):
       model.fit(train_x, train_y, batch_size=search.BATCH_SIZE, epochs=1,
                 verbose=0)
       accuracy = model.evaluate(eval_x, eval_y, batch_size=len(eval_x),
                                 verbose=0)[1]
       record['evaluations'].append((time.time(), accuracy))
+      best = max(best, accuracy)
       trial.report(accuracy, epoch)
       if trial.should_prune():
         record['trials'].append(('PRUNED', time.monotonic() - started))
         raise optuna.TrialPruned()
     record['trials'].append(('COMPLETE', time.monotonic() - started))
-    return accuracy
+    return best  # The best epoch's, as Keras Tuner and ctl's search rank.
 
   optuna.logging.set_verbosity(optuna.logging.WARNING)
   study = optuna.create_study(

@@ -137,6 +137,11 @@ class BestCheckpoint:
   def enabled(self) -> bool:
     return bool(self._metric)
 
+  def record(self) -> dict | None:
+    """best.json's content, once `finish()` wrote it (results.json's
+    `best`); None without a best, or on a worker that does not write it."""
+    return read(self._workdir) if self._is_chief and self.enabled else None
+
   def improves(self, results: Mapping) -> bool:
     """Whether these eval results beat the best kept (any does, at first).
 

@@ -17,6 +17,7 @@ evaluation and stops when pruned, ctl/training/pruning.py).
 """
 
 import os
+import re
 import signal
 import time
 from typing import Any
@@ -33,6 +34,8 @@ from ctl.sweep import trials as trials_lib
 
 _POLL_SECONDS = 0.2  # Between checks of the running trials.
 _STUDY_POLL_SECONDS = 1.0  # Between reads of the study for work.
+# Metrics whose eval result (named after this) is reported at evaluations.
+_EVALUATED = re.compile(r'^(best\.)?eval\.')
 
 
 def check(sweep: hyper.Sweep, config_file: str) -> None:
@@ -52,13 +55,12 @@ def check(sweep: hyper.Sweep, config_file: str) -> None:
       config = config_lib.load(config_file, overrides)
     except errors.ConfigError as error:
       problems.append(str(error))
-  if config is not None:
-    problem = trials_lib.metric_problem(sweep.metric, config)
-    if problem:
-      problems.append(problem)
-  if search.pruner and not sweep.metric.startswith('eval.'):
+  problem = config and trials_lib.metric_problem(sweep.metric, config)
+  if problem:
+    problems.append(problem)
+  if search.pruner and not _EVALUATED.match(sweep.metric):
     problems.append(f'Sweep.metric {sweep.metric!r}: a pruner compares eval '
-                    "results at each evaluation; use 'eval.<name>'.")
+                    "results at each evaluation: use '[best.]eval.<name>'.")
   problems += _optuna_problems(search)
   if problems:
     raise errors.ConfigError(
@@ -202,11 +204,12 @@ class Runner:
     workdir = os.path.join(self._workdir, name)
     command = (*trials_lib.command(self._sweep, self._config_file, workdir,
                                    overrides), *self._extra_flags)
-    if self._sweep.metric.startswith('eval.'):  # Reported at evaluations.
+    if _EVALUATED.match(self._sweep.metric):  # Reported at evaluations.
       command += (f'--config.search.storage={self._storage_url}',
                   f'--config.search.study={self._study.study_name}',
                   f'--config.search.trial={number}',
-                  f'--config.search.metric={self._sweep.metric[5:]}')
+                  '--config.search.metric='
+                  + _EVALUATED.sub('', self._sweep.metric))
     return trials_lib.Trial(name, overrides, workdir, command)
 
   def _start_next(self) -> None:

@@ -249,15 +249,22 @@ def metric_problem(metric: str, config) -> str | None:
   one's own makes its results in its hooks, so its metric is only checked
   for shape here, and against its results when the trial has run (a
   trial whose results lack it is reported as such, ctl/sweep/report.py).
-  """
+  'best.<...>' is the best checkpoint's record (best.json)."""
+  if metric.startswith('best.') and not config.get('evaluation', {}).get(
+      'best_metric'):
+    return (f'Sweep.metric {metric!r} reads the best checkpoint, which '
+            'config.evaluation.best_metric=\'\' keeps none of; name the '
+            'metric that picks it there')
   if 'metrics' not in config:
-    if metric in ('step', 'epoch') or metric.startswith('eval.'):
+    if metric in ('step', 'epoch') or metric.startswith(('eval.', 'best.')):
       return None
     return (f'Sweep.metric {metric!r} is not a result; use \'step\', '
-            "'epoch' or an eval result, 'eval.<name>' (for a set of "
-            "eval_data's dict: 'eval.<set>/<name>')")
-  known = ['step', 'epoch', 'eval.loss',
-           *(f'eval.{name}' for name in config.metrics)]
+            "'epoch', an eval result, 'eval.<name>' (for a set of "
+            "eval_data's dict: 'eval.<set>/<name>'), or the best "
+            "checkpoint's, 'best.eval.<name>'")
+  names = ['loss', *config.metrics]
+  known = ['step', 'epoch', *(f'eval.{name}' for name in names),
+           'best.value', 'best.step', *(f'best.eval.{name}' for name in names)]
   if metric not in known:
     return (f'Sweep.metric {metric!r} is not in its results; use one of '
             f'{known}')

@@ -331,6 +331,7 @@ class Trainer:
     results = {
         **self.train_state.as_dict(),
         'eval': self.evaluation.last or {},
+        'best': self.evaluation.best.record(),
         'weights_sha256': state_lib.weights_fingerprint(self.task),
         'timing': self.loop.timing() if self.loop else {},
     }

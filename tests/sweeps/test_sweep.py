@@ -146,6 +146,18 @@ def test_an_unknown_metric_fails_the_sweep_before_anything_runs(tmp_path):
   run = helpers.Watched(_sweep_command(sweep_file, tmp_path / 'sweep'))
   assert run.wait() == errors.EXIT_USAGE
   assert "Sweep.metric 'eval.acc' is not in its results" in run.output
+  assert not (tmp_path / 'sweep').exists()
+  # The best checkpoint's record, where the config keeps none.
+  sweep_file.write_text(
+      'from ctl import hyper\n'
+      f'def get_sweep():\n  return hyper.Sweep(config={helpers.DIGITS!r}, '
+      "trials=[{'num_epochs': 1, 'evaluation.best_metric': ''}], "
+      "metric='best.eval.accuracy')\n")
+  run = helpers.Watched(_sweep_command(sweep_file, tmp_path / 'sweep'))
+  assert run.wait() == errors.EXIT_USAGE
+  assert ("Sweep.metric 'best.eval.accuracy' reads the best checkpoint, "
+          "which config.evaluation.best_metric='' keeps none of") in run.output
+  assert not (tmp_path / 'sweep').exists()
 
 
 def _write_own_task_sweep(directory, metric) -> str:

@@ -44,6 +44,11 @@ def test_the_best_checkpoint_survives_rotation_and_a_restart(tmp_path):
                               if value == best_value)
   kept = tmp_path / 'best' / f'ckpt-{final["step"]}'
   assert kept.with_suffix('.index').exists()
+  # results.json holds the best's record (a sweep's 'best.eval.accuracy'),
+  # here not the last evaluation's.
+  results = json.loads((tmp_path / 'results.json').read_text())
+  assert results['best'] == final
+  assert results['eval']['accuracy'] == accuracies[-1][1]
 
   # The kept checkpoint is the evaluated state: evaluating it again gives
   # the same accuracy, and changes nothing but eval/.
