@@ -261,10 +261,11 @@ def test_the_ps_tutorial_times_the_second_half_between_joins():
 
 
 # 'ctl:2' is 'ctl:1' (search._run_ctl) but for ctl.sweep's --parallel=2,
-# which tests/sweeps/test_sweep.py's end-to-end sweep runs.
+# which tests/sweeps/test_sweep.py's end-to-end sweep runs; 'ctl:2:no_pruner'
+# is its search with pruner=None, which tests/sweeps/test_search.py runs.
 @pytest.mark.slow
 @pytest.mark.parametrize('contender', sorted(
-    set(search.CONTENDERS.values()) - {'ctl:2'}))
+    set(search.CONTENDERS.values()) - {'ctl:2', 'ctl:2:no_pruner'}))
 def test_each_search_contender_runs_a_tiny_search(contender, tmp_path):
   if contender.startswith('kt_'):
     # Keras Tuner is the benchmark's alone, not a dependency of ctl.
