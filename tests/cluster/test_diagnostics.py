@@ -436,11 +436,12 @@ def test_a_file_an_earlier_runs_worker_left_is_not_this_runs_peer():
 
 def test_the_dump_shows_the_wait_whichever_of_tensorflow_and_watchdog_ended_it(
     tmp_path):
-  # TensorFlow's own report of a lost peer can come first, its timeout
-  # being the watchdog's: the watchdog then dumps while this worker is on its
-  # way out (its stacks not the wait). The dump named is then one with
-  # TensorFlow's error, whose traceback shows the wait. Where the
-  # watchdog's abort ended the wait, its dump (taken at the wait) is kept.
+  # TensorFlow's own report of a lost peer (a peer that its own watchdog
+  # ended) can come just before this worker's watchdog fires, which then
+  # dumps while this worker is on its way out (its stacks not the wait: seen
+  # in CI). The dump named is then one with TensorFlow's error, whose
+  # traceback shows the wait. Where this watchdog's abort ended the wait,
+  # its dump (taken at the wait) is kept.
   me = worker_status.WorkerStatus(str(tmp_path), worker_index=0,
                                   num_workers=2, timeout_seconds=30)
   watchdog_why = 'No progress for 30 s: aborting the collectives'
