@@ -1,11 +1,13 @@
 """Helpers the tests share: run ctl as a real process, read what it wrote."""
 
 import collections
+import contextlib
 import json
 import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -53,6 +55,19 @@ def cluster_envs(num_workers: int, **variables) -> list[dict[str, str]]:
           'task': {'type': 'worker', 'index': index},
       }), **variables) for index in range(num_workers)
   ]
+
+
+@contextlib.contextmanager
+def refusing_port():
+  """Yields a localhost port that refuses connections while the block runs.
+
+  A port merely picked as unused can be taken by another test's server
+  before it is dialled; this one is held, bound but not listening, so every
+  connection to it is refused.
+  """
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+    held.bind(('127.0.0.1', 0))
+    yield held.getsockname()[1]
 
 
 def run_workers(args, envs, logdir: pathlib.Path, timeout=600) -> list[int]:

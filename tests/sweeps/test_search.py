@@ -14,7 +14,6 @@ import time
 import uuid
 
 import numpy as np
-import portpicker
 import pytest
 
 from ctl import config as config_lib
@@ -265,27 +264,27 @@ def test_a_storage_that_does_not_answer_stops_the_sweep_before_any_trial(
   sweep_file = _write_sweep(tmp_path / 'search.py', 'hyper.Search(space={'
                             "'optimizer.learning_rate': hyper.uniform(0.001, "
                             '0.01)}, num_trials=2)')
-  port = portpicker.pick_unused_port()  # Nothing listens there.
-  run = helpers.Watched(_command(sweep_file, tmp_path / 'sweep',
-                                 f'postgresql://ctl@127.0.0.1:{port}/study'))
-  assert run.wait() == errors.EXIT_FAILURE
-  errors_printed = [line for line in run.output.splitlines()
-                    if line.startswith('ctl.sweep: error:')]
-  assert errors_printed == [
-      f'ctl.sweep: error: The study storage postgresql+psycopg://ctl@'
-      f'127.0.0.1:{port}/study does not answer: OperationalError: '
-      + errors_printed[0].split('OperationalError: ', 1)[-1]], run.output
-  assert 'Traceback' not in run.output
-  assert not (tmp_path / 'sweep').exists()
-  # The Slurm array's script passes its storage on as it is.
-  sbatch = helpers.REPO / 'experiments' / 'deploy' / 'sweep.sbatch'
-  run = helpers.Watched(['bash', str(sbatch)], env=helpers.env_with(
-      PATH=os.pathsep.join([os.path.dirname(sys.executable),
-                            os.environ['PATH']]),
-      SWEEP=sweep_file, WORKDIR=str(tmp_path / 'sweep'),
-      STORAGE=f'postgresql://ctl@127.0.0.1:{port}/study'))
-  assert run.wait() == errors.EXIT_FAILURE
-  assert errors_printed[0] in run.output
+  with helpers.refusing_port() as port:
+    run = helpers.Watched(_command(sweep_file, tmp_path / 'sweep',
+                                   f'postgresql://ctl@127.0.0.1:{port}/study'))
+    assert run.wait() == errors.EXIT_FAILURE
+    errors_printed = [line for line in run.output.splitlines()
+                      if line.startswith('ctl.sweep: error:')]
+    assert errors_printed == [
+        f'ctl.sweep: error: The study storage postgresql+psycopg://ctl@'
+        f'127.0.0.1:{port}/study does not answer: OperationalError: '
+        + errors_printed[0].split('OperationalError: ', 1)[-1]], run.output
+    assert 'Traceback' not in run.output
+    assert not (tmp_path / 'sweep').exists()
+    # The Slurm array's script passes its storage on as it is.
+    sbatch = helpers.REPO / 'experiments' / 'deploy' / 'sweep.sbatch'
+    run = helpers.Watched(['bash', str(sbatch)], env=helpers.env_with(
+        PATH=os.pathsep.join([os.path.dirname(sys.executable),
+                              os.environ['PATH']]),
+        SWEEP=sweep_file, WORKDIR=str(tmp_path / 'sweep'),
+        STORAGE=f'postgresql://ctl@127.0.0.1:{port}/study'))
+    assert run.wait() == errors.EXIT_FAILURE
+    assert errors_printed[0] in run.output
 
 
 @pytest.mark.slow  # Four processes that import ctl and Optuna.

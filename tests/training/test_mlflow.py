@@ -269,16 +269,16 @@ def test_a_sweeps_trials_are_children_of_one_parent_run(server, tmp_path):
 
 
 def test_an_unreachable_server_stops_the_run_before_training(tmp_path):
-  port = portpicker.pick_unused_port()  # Nothing listens there.
-  run = helpers.run_ctl(
-      *FLAGS, f'--workdir={tmp_path / "run"}',
-      f'--config.mlflow.tracking_uri=http://127.0.0.1:{port}',
-      env=helpers.env_with(MLFLOW_HTTP_REQUEST_MAX_RETRIES='0'))
-  assert run.returncode == errors.EXIT_FAILURE
-  assert run.stderr.count('ctl: error: ') == 1
-  assert f'MLflow tracking server http://127.0.0.1:{port} cannot be reached' in (
-      run.stderr)
-  assert not (tmp_path / 'run').exists()
+  with helpers.refusing_port() as port:
+    run = helpers.run_ctl(
+        *FLAGS, f'--workdir={tmp_path / "run"}',
+        f'--config.mlflow.tracking_uri=http://127.0.0.1:{port}',
+        env=helpers.env_with(MLFLOW_HTTP_REQUEST_MAX_RETRIES='0'))
+    assert run.returncode == errors.EXIT_FAILURE
+    assert run.stderr.count('ctl: error: ') == 1
+    assert (f'MLflow tracking server http://127.0.0.1:{port} cannot be '
+            'reached') in run.stderr
+    assert not (tmp_path / 'run').exists()
 
 
 @pytest.mark.slow
