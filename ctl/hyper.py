@@ -79,7 +79,7 @@ class Sweep:
       raise ValueError('A sweep needs at least one trial, or a search.')
 
 
-SAMPLERS = ('tpe', 'random', 'grid')
+SAMPLERS = ('tpe', 'gp', 'random', 'grid')
 PRUNERS = (None, 'median', 'asha', 'hyperband')
 
 
@@ -92,7 +92,9 @@ class Search:
       `integer`, `choice`).
     num_trials: the budget: trials started in the study, all sweep
       processes together (finished, pruned and failed ones count).
-    sampler: 'tpe' (Optuna's TPESampler), 'random', or 'grid' (every
+    sampler: 'tpe' (Optuna's TPESampler), 'gp' (a Gaussian process, as
+      Keras Tuner's BayesianOptimization: ctl/sweep/gaussian_process.py;
+      for budgets of tens of trials), 'random', or 'grid' (every
       combination of `choice` values, in a seeded order; num_trials at most
       their number).
     sampler_options: keyword arguments of the sampler's Optuna class, e.g.

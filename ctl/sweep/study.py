@@ -30,6 +30,7 @@ from typing import Any
 from ctl import errors
 from ctl import hyper
 from ctl.runtime import studies
+from ctl.sweep import gaussian_process
 from ctl.sweep import trials as trials_lib
 
 optuna = studies.import_optuna()
@@ -82,6 +83,8 @@ def make_sampler(search: hyper.Search, seed: int) -> optuna.samplers.BaseSampler
          for key, distribution in search.space.items()}, seed=seed, **options)
   if search.sampler == 'random':
     return optuna.samplers.RandomSampler(seed=seed, **options)
+  if search.sampler == 'gp':
+    return gaussian_process.GPSampler(seed=seed, **options)
   return optuna.samplers.TPESampler(seed=seed, **options)
 
 

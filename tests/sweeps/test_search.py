@@ -149,7 +149,8 @@ def test_a_search_refuses_what_its_study_could_not_sample_or_seed(tmp_path):
        "'n_startup_trial'"),
       ('tpe', {'n_startup_trials': '3'}, "TypeError: '<' not supported"),
       ('tpe', {'multivariate': False, 'group': True}, 'ValueError: '),
-      ('random', {'n_startup_trials': 3}, 'TypeError: ')]:
+      ('random', {'n_startup_trials': 3}, 'TypeError: '),
+      ('gp', {'n_startup_trials': '3'}, "ValueError: n_startup_trials='3'")]:
     sweep = hyper.Sweep(config=helpers.DIGITS, search=hyper.Search(
         space=space, num_trials=2, sampler=sampler, sampler_options=options))
     with pytest.raises(errors.ConfigError,
