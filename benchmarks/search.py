@@ -13,7 +13,8 @@ each a fresh process timed from its start, one after another:
   ctl.sweep with --parallel=1 and --parallel=2 (warm trial slots, the
     default), each trial's evaluations read from its log.txt, and with
     --parallel=2 and no pruner (a row the targets leave out: it shows what
-    the pruner costs the time to 0.99);
+    the pruner costs the time to 0.99), and with --parallel=2 and
+    sampler='gp' (ctl's Gaussian process, Keras Tuner Bayesian's method);
   plain Optuna with its trials in one process, and Keras Tuner's
     RandomSearch and BayesianOptimization (benchmarks/search_contenders.py).
 Keras Tuner (`pip install keras-tuner`) is for this benchmark only, not a
@@ -60,12 +61,16 @@ CONTENDERS = {
     'ctl.sweep, --parallel=2': 'ctl:2',
     # Not in the targets: with no pruner, as Keras Tuner trains every trial.
     'ctl.sweep, --parallel=2, no pruner': 'ctl:2:no_pruner',
+    # Keras Tuner Bayesian's method: a Gaussian process (with the pruner).
+    'ctl.sweep, --parallel=2, sampler=gp': 'ctl:2:gp',
     'plain Optuna, trials in one process': 'optuna',
     'Keras Tuner, RandomSearch': 'kt_random',
     'Keras Tuner, BayesianOptimization': 'kt_bayesian',
 }
-# The searches the targets judge: the issue's, with the median pruner.
+# The searches the targets judge: the issue's (TPE and the median pruner),
+# and apart, like for like with Keras Tuner Bayesian, the GP's.
 TARGET_CTL = ('ctl.sweep, --parallel=1', 'ctl.sweep, --parallel=2')
+TARGET_GP = ('ctl.sweep, --parallel=2, sampler=gp',)
 SKIPPED = 'skipped: keras-tuner not installed'
 _EVAL_LINE = re.compile(r'^I(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*\] eval at step '
                         r'\d+: .*\baccuracy ([\d.]+)', re.MULTILINE)
@@ -80,9 +85,10 @@ def run(contender: str, directory: pathlib.Path, trials: int = TRIALS,
       'keras_tuner'):
     return {'skipped': SKIPPED}
   if contender.startswith('ctl:'):
-    _, parallel, *no_pruner = contender.split(':')
+    _, parallel, *variant = contender.split(':')
     return _run_ctl(int(parallel), directory, trials, epochs, seed,
-                    pruner=None if no_pruner else 'median')
+                    pruner=None if variant == ['no_pruner'] else 'median',
+                    sampler='gp' if variant == ['gp'] else 'tpe')
   out = directory / f'{contender}.json'
   started, total = _timed_run(
       [sys.executable, '-m', 'benchmarks.search_contenders',
@@ -95,7 +101,7 @@ def run(contender: str, directory: pathlib.Path, trials: int = TRIALS,
 
 
 def _sweep_file(directory: pathlib.Path, trials: int, epochs: int,
-                seed: int, pruner: str | None) -> pathlib.Path:
+                seed: int, pruner: str | None, sampler: str) -> pathlib.Path:
   """The ctl.sweep file of the search."""
   path = directory / 'search.py'
   path.write_text(
@@ -108,7 +114,8 @@ def _sweep_file(directory: pathlib.Path, trials: int, epochs: int,
       f'{LEARNING_RATES!r},\n'
       f"                 'model.width': hyper.choice({list(WIDTHS)!r})}},\n"
       f"          fixed={ {**FIXED, 'num_epochs': epochs}!r},\n"
-      f"          num_trials={trials}, sampler='tpe', pruner={pruner!r},\n"
+      f"          num_trials={trials}, sampler={sampler!r}, "
+      f"pruner={pruner!r},\n"
       f'          pruner_options={PRUNER_OPTIONS if pruner else {}!r}, '
       f'seed={seed}),\n'
       "      metric='best.eval.accuracy', mode='max')\n")
@@ -130,12 +137,13 @@ def _timed_run(command: list[str], who: str) -> tuple[float, float]:
 
 
 def _run_ctl(parallel: int, directory: pathlib.Path, trials: int,
-             epochs: int, seed: int, pruner: str | None) -> dict:
+             epochs: int, seed: int, pruner: str | None, sampler: str) -> dict:
   """ctl.sweep's search, its evaluations read from the trials' logs."""
   workdir = directory / f'sweep-{parallel}'
   started, total = _timed_run(
       [sys.executable, '-m', 'ctl.sweep',
-       f'--sweep={_sweep_file(directory, trials, epochs, seed, pruner)}',
+       '--sweep=' + str(_sweep_file(directory, trials, epochs, seed, pruner,
+                                    sampler)),
        f'--workdir={workdir}', f'--parallel={parallel}'], 'ctl.sweep')
   evaluations = []
   for log in sorted(workdir.glob('trial-*/log.txt')):
@@ -253,12 +261,13 @@ def wall_ratio(summaries: dict[str, dict]) -> float:
   return ctl / summaries['plain Optuna, trials in one process']['wall']
 
 
-def to_099_ratio(summaries: dict[str, dict]) -> float | None:
-  """ctl's seconds to 0.99 (the better of --parallel=1 and 2) over Keras
-  Tuner Bayesian's: inf where only Keras Tuner reached it, 0 where only
+def to_099_ratio(summaries: dict[str, dict],
+                 names: tuple[str, ...] = TARGET_CTL) -> float | None:
+  """ctl's seconds to 0.99 (the best of names' searches) over Keras Tuner
+  Bayesian's: inf where only Keras Tuner reached it, 0 where only
   ctl did; None where neither did, or Keras Tuner was skipped."""
   bayesian = summaries['Keras Tuner, BayesianOptimization']
-  ctl = min((summaries[name]['to_0.99'] for name in TARGET_CTL
+  ctl = min((summaries[name]['to_0.99'] for name in names
              if summaries[name]['to_0.99'] is not None), default=None)
   if 'skipped' in bayesian or (ctl is None and bayesian['to_0.99'] is None):
     return None

@@ -262,7 +262,8 @@ def test_the_ps_tutorial_times_the_second_half_between_joins():
 
 # 'ctl:2' is 'ctl:1' (search._run_ctl) but for ctl.sweep's --parallel=2,
 # which tests/sweeps/test_sweep.py's end-to-end sweep runs; 'ctl:2:no_pruner'
-# is its search with pruner=None, which tests/sweeps/test_search.py runs.
+# is its search with pruner=None, which tests/sweeps/test_search.py runs;
+# 'ctl:2:gp' runs here.
 @pytest.mark.slow
 @pytest.mark.parametrize('contender', sorted(
     set(search.CONTENDERS.values()) - {'ctl:2', 'ctl:2:no_pruner'}))
@@ -315,7 +316,10 @@ def test_the_search_section_judges_no_time_to_099_that_neither_reached(
   assert [t.what for t in targets] == [
       "search: ctl.sweep's whole search (best of --parallel=1 and 2) / "
       "plain Optuna's"]
-  assert 'No target on the time to 0.99: nothing to compare.' in text
+  assert 'No target on the time to 0.99 (best of --parallel=1 and 2): ' \
+      'nothing to compare.' in text
+  assert 'No target on the time to 0.99 (--parallel=2, sampler=gp): ' \
+      'nothing to compare.' in text
   assert '### A search, seed 1: ' in text
 
 
@@ -330,6 +334,9 @@ def test_the_time_to_099_counts_a_search_that_never_reached_it():
   assert search.to_099_ratio(summaries) == float('inf')  # Not left out.
   summaries['ctl.sweep, --parallel=2'] = {'wall': 90.0, 'to_0.99': 25.0}
   assert search.to_099_ratio(summaries) == 0.5
+  # The GP's search is judged apart.
+  summaries['ctl.sweep, --parallel=2, sampler=gp'] = never
+  assert search.to_099_ratio(summaries, search.TARGET_GP) == float('inf')
   summaries['Keras Tuner, BayesianOptimization'] = never
   assert search.to_099_ratio(summaries) == 0.0
 
