@@ -11,7 +11,9 @@ pruners stay as they are:
     the unit cube (log-scaled where the distribution is; a `choice` one-hot),
     and takes the candidate of highest expected improvement, candidates
     drawn at random and around the best trials.
-A pruned trial counts at the worst value of the complete ones (it was
+It is fitted to the latest 300 trials at most, so that a trial's sampling
+takes a bounded time however long the study. A pruned trial (or one of an
+infinite value) counts at the worst value of the complete ones (it was
 stopped for doing worse than them; its partly trained value would make
 the rest look alike), and so does a trial still running (a constant liar,
 as TPE's constant_liar), so that parallel slots spread out.
@@ -30,6 +32,8 @@ dist = optuna.distributions
 
 _LENGTH_SCALES = (0.1, 0.2, 0.4, 0.8, 1.6)
 _NOISES = (1e-4, 1e-2, 1e-1)
+# The latest trials the GP is fitted to: its cost grows with their cube.
+_MOST_TRIALS = 300
 _ERF = np.vectorize(math.erf, otypes=[float])
 _STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
            optuna.trial.TrialState.RUNNING)
@@ -74,9 +78,11 @@ class GPSampler(optuna.samplers.BaseSampler):
       return {}
     startup = self._n_startup_trials or 3 * len(search_space)
     points, values = _observations(study, trial, search_space)
-    if len(values) < startup or np.all(np.isnan(values)):
+    if len(values) < startup or not np.any(np.isfinite(values)):
       return {}
-    values = np.where(np.isnan(values), np.nanmin(values), values)
+    points, values = points[-_MOST_TRIALS:], values[-_MOST_TRIALS:]
+    values = np.where(np.isfinite(values), values,
+                      np.min(values[np.isfinite(values)]))
     return _decode(search_space, self._best_candidate(
         search_space, _encode(search_space, points), values))
 

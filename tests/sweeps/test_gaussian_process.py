@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from ctl import hyper
@@ -109,3 +110,22 @@ def test_options_the_gp_sampler_refuses_are_named(options, message):
                         sampler_options=options)
   with pytest.raises((ValueError, TypeError), match=message):
     study_lib.make_sampler(search, 0)
+
+
+def test_infinite_values_and_a_long_study_are_sampled_from():
+  # 400 trials (the GP takes the latest 300), two of them infinite: the
+  # sampler neither fails nor gives up on the GP.
+  search = hyper.Search(space={'x': hyper.uniform(0.0, 1.0)}, num_trials=500,
+                        sampler='gp', seed=5)
+  study = optuna.create_study(direction='maximize')
+  space = {'x': optuna.distributions.FloatDistribution(0.0, 1.0)}
+  study.add_trials([optuna.trial.create_trial(
+      params={'x': x}, distributions=space,
+      value=-(x - 0.3)**2) for x in [0.9] * 100 + list(
+          np.random.default_rng(0).uniform(size=298))])
+  study.add_trials([optuna.trial.create_trial(
+      params={'x': x}, distributions=space, value=value)
+                    for x, value in [(0.95, float('inf')),
+                                     (0.97, float('-inf'))]])
+  trial = study.ask()
+  assert abs(study_lib.sample(study, search, trial)['x'] - 0.3) < 0.05
