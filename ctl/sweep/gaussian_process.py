@@ -78,9 +78,11 @@ class GPSampler(optuna.samplers.BaseSampler):
       return {}
     startup = self._n_startup_trials or 3 * len(search_space)
     points, values = _observations(study, trial, search_space)
-    if len(values) < startup or not np.any(np.isfinite(values)):
+    if len(values) < startup:
       return {}
     points, values = points[-_MOST_TRIALS:], values[-_MOST_TRIALS:]
+    if not np.any(np.isfinite(values)):
+      return {}
     values = np.where(np.isfinite(values), values,
                       np.min(values[np.isfinite(values)]))
     return _decode(search_space, self._best_candidate(

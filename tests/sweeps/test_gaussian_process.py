@@ -129,3 +129,18 @@ def test_infinite_values_and_a_long_study_are_sampled_from():
                                      (0.97, float('-inf'))]])
   trial = study.ask()
   assert abs(study_lib.sample(study, search, trial)['x'] - 0.3) < 0.05
+
+
+def test_a_study_whose_latest_300_trials_were_pruned_samples_at_random():
+  search = hyper.Search(space={'x': hyper.uniform(0.0, 1.0)}, num_trials=400,
+                        sampler='gp', seed=2)
+  study = optuna.create_study(direction='maximize')
+  space = {'x': optuna.distributions.FloatDistribution(0.0, 1.0)}
+  study.add_trials(
+      [optuna.trial.create_trial(params={'x': 0.5}, distributions=space,
+                                 value=1.0)] * 5 +
+      [optuna.trial.create_trial(params={'x': 0.1}, distributions=space,
+                                 state=optuna.trial.TrialState.PRUNED,
+                                 intermediate_values={0: 0.1})] * 300)
+  trial = study.ask()
+  assert 0.0 <= study_lib.sample(study, search, trial)['x'] <= 1.0
