@@ -145,10 +145,15 @@ def _encode(search_space, points: Sequence[dict]) -> np.ndarray:
   return np.asarray(rows, dtype=float)
 
 
-def _to_unit(distribution, value: float) -> float:
+def _scaled_bounds(distribution) -> tuple[float, float]:
+  """A numeric distribution's bounds on the scale the GP fits (log or not)."""
   low, high = distribution.low, distribution.high
-  if distribution.log:
-    value, low, high = np.log(value), np.log(low), np.log(high)
+  return (np.log(low), np.log(high)) if distribution.log else (low, high)
+
+
+def _to_unit(distribution, value: float) -> float:
+  low, high = _scaled_bounds(distribution)
+  value = np.log(value) if distribution.log else value
   return float((value - low) / (high - low))
 
 
@@ -162,11 +167,10 @@ def _decode(search_space, row: np.ndarray) -> dict[str, Any]:
     if isinstance(distribution, dist.CategoricalDistribution):
       params[name] = distribution.choices[int(np.argmax(cells))]
       continue
-    low, high, unit = distribution.low, distribution.high, float(cells[0])
-    if distribution.log:
-      value = float(np.exp(np.log(low) + unit * (np.log(high) - np.log(low))))
-    else:
-      value = low + unit * (high - low)
+    scaled_low, scaled_high = _scaled_bounds(distribution)
+    value = scaled_low + float(cells[0]) * (scaled_high - scaled_low)
+    value = float(np.exp(value)) if distribution.log else value
+    low, high = distribution.low, distribution.high
     step = getattr(distribution, 'step', None)
     if step is not None:
       value = low + round((value - low) / step) * step
