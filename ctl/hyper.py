@@ -107,7 +107,8 @@ class Search:
       whether a trial stops early (PRUNED).
     pruner_options: keyword arguments of the pruner's Optuna class, e.g.
       {'n_startup_trials': 3} for 'median'.
-    seed: seeds the sampler.
+    seed: seeds the sampler, and each trial's own config.seed (unless
+      `fixed` or `space` has 'seed').
     fixed: overrides every trial has (not searched), e.g. {'num_epochs': 5}.
   """
 
@@ -135,12 +136,9 @@ class Search:
     if not _is_int(self.num_trials) or self.num_trials < 1:
       raise ValueError(f'Search.num_trials={self.num_trials!r}: use an int, 1 '
                        'or more.')
-    # Each trial's sampler is seeded with seed + its number; Optuna's
-    # samplers take seeds from 0 to 2**32 - 1.
-    highest_seed = 2**32 - self.num_trials
-    if not _is_int(self.seed) or not 0 <= self.seed <= highest_seed:
+    if not _is_int(self.seed) or not 0 <= self.seed < 2**32:
       raise ValueError(f'Search.seed={self.seed!r}: use an int from 0 to '
-                       f'{highest_seed}.')
+                       f'{2**32 - 1}.')
     if self.sampler not in SAMPLERS:
       raise ValueError(f'Search.sampler={self.sampler!r}: use one of {SAMPLERS}.')
     if self.pruner not in PRUNERS:

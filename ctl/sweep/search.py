@@ -70,8 +70,8 @@ def check(sweep: hyper.Sweep, config_file: str) -> None:
 
 def _optuna_problems(search: hyper.Search) -> list[str]:
   """Why Optuna would refuse the search's pruner or sampler: found by
-  making them as the study will (each trial's sampler seeded with seed +
-  its number) and sampling in memory, before any file is written."""
+  making them as the study will and sampling in memory, before any file is
+  written."""
   problems = []
   try:
     studies.make_pruner(search.pruner, dict(search.pruner_options))
@@ -81,7 +81,6 @@ def _optuna_problems(search: hyper.Search) -> list[str]:
                     f'{type(error).__name__}: {error}')
   try:
     study_lib.try_sampler(search)  # Some options fail only in sampling.
-    study_lib.make_sampler(search, search.seed + search.num_trials - 1)
   except Exception as error:  # pylint: disable=broad-except
     problems.append(f'Search.sampler_options={dict(search.sampler_options)!r}'
                     f' do not fit sampler={search.sampler!r} (seed '
@@ -195,7 +194,7 @@ class Runner:
             all(frozen.state.is_finished() for frozen in trials))
 
   def _overrides(self, frozen) -> dict[str, Any]:
-    return {**self._search.fixed,
+    return {**study_lib.kept_seed(frozen), **self._search.fixed,
             **{key: frozen.params[key] for key in self._search.space
                if key in frozen.params}}
 
@@ -239,7 +238,8 @@ class Runner:
       self._study.tell(optuna_trial, state=study_lib.FAIL_STATE)
       return
     self._show_workdir(frozen)
-    overrides = {**self._search.fixed,
+    overrides = {**study_lib.seed_trial(self._search, optuna_trial),
+                 **self._search.fixed,
                  **study_lib.sample(self._study, self._search, optuna_trial)}
     self._start(number, overrides)
 

@@ -27,6 +27,8 @@ import uuid
 import warnings
 from typing import Any
 
+import numpy as np
+
 from ctl import errors
 from ctl import hyper
 from ctl.runtime import studies
@@ -41,6 +43,7 @@ FAILURE = 'ctl.failure'  # Why a trial failed, with its log.
 SURPLUS = 'ctl.surplus'  # Asked beyond num_trials by a race: not a trial.
 RESTARTS = 'ctl.restarts'  # Times a trial killed by a signal was restarted.
 WORKDIR = 'ctl.workdir'  # The trial's workdir, for optuna-dashboard's reader.
+SEED = 'ctl.seed'  # The trial's config.seed, where the search chose it.
 # A trial killed by a signal (the kernel's OOM killer, a user's kill -9)
 # is restarted from its checkpoint this many times in all, by whichever
 # sweep process runs it; killed once more, it is FAIL.
@@ -88,6 +91,29 @@ def make_sampler(search: hyper.Search, seed: int) -> optuna.samplers.BaseSampler
   return optuna.samplers.TPESampler(seed=seed, **options)
 
 
+def trial_seed(seed: int, number: int) -> int:
+  """Trial `number`'s sampler seed: (Search.seed, number) mixed, so that
+  searches of nearby seeds draw unrelated trials (0.2.0's seed + number
+  made search 1's trial k search 0's trial k + 1)."""
+  return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+
+
+def seed_trial(search: hyper.Search, trial) -> dict[str, int]:
+  """{'seed': ...}: a new trial's own config.seed, kept in the study, so that
+  each trial starts from weights and an order of examples of its own, as in
+  Optuna in one process or Keras Tuner; {} where the search sets 'seed'."""
+  if 'seed' in search.fixed or 'seed' in search.space:
+    return {}
+  trial.set_user_attr(SEED, trial_seed(search.seed, trial.number))
+  return kept_seed(trial)
+
+
+def kept_seed(trial) -> dict[str, int]:
+  """The trial's {'seed': ...} from seed_trial ({} in a 0.2.0 study)."""
+  seed = trial.user_attrs.get(SEED)
+  return {} if seed is None else {'seed': seed}
+
+
 def sample(study: optuna.Study, search: hyper.Search,
            trial: optuna.Trial) -> dict[str, Any]:
   """A new trial's values of the search's space, as its sampler draws them."""
@@ -96,7 +122,7 @@ def sample(study: optuna.Study, search: hyper.Search,
     # same values every time, and two processes asking at once differ. (A
     # grid's point was picked in ask(), by an index into the grid as
     # Search.seed shuffled it, the same in every process.)
-    study.sampler = make_sampler(search, search.seed + trial.number)
+    study.sampler = make_sampler(search, trial_seed(search.seed, trial.number))
   return {key: distribution.suggest(trial, key)
           for key, distribution in search.space.items()}
 

@@ -113,11 +113,11 @@ def test_a_search_refuses_what_its_study_could_not_sample_or_seed(tmp_path):
           space={'model.width': hyper.choice([])}, num_trials=2),
       r'write hyper.log_uniform\(0.0001, 0.01\)': lambda: hyper.Search(
           space={'x': hyper.log_uniform(1e-2, 1e-4)}, num_trials=2),
-      # Each trial's sampler is seeded with seed + its number.
-      r'Search.seed=-1: use an int from 0 to 4294967294':
+      # Optuna's samplers take seeds from 0 to 2**32 - 1.
+      r'Search.seed=-1: use an int from 0 to 4294967295':
           lambda: hyper.Search(space=space, num_trials=2, seed=-1),
-      r'Search.seed=4294967295: use an int from 0 to 4294967294':
-          lambda: hyper.Search(space=space, num_trials=2, seed=2**32 - 1),
+      r'Search.seed=4294967296: use an int from 0 to 4294967295':
+          lambda: hyper.Search(space=space, num_trials=2, seed=2**32),
       r"Search.seed='0'": lambda: hyper.Search(space=space, num_trials=2,
                                                seed='0'),
       r"Search.num_trials='2': use an int, 1 or more":
@@ -375,14 +375,55 @@ def test_the_sampler_options_reach_the_tpe_sampler_of_each_trial(tmp_path):
     assert (running != ignored) == liar, (liar, running, ignored)
 
 
+def _sampled(search: hyper.Search, count: int) -> list[float]:
+  """The first `count` values of 'x' a search samples, in memory."""
+  study = studies.import_optuna().create_study()
+  return [study_lib.sample(study, search, study.ask())['x']
+          for _ in range(count)]
+
+
+@pytest.mark.parametrize('sampler', ['tpe', 'random', 'gp'])
+def test_searches_with_nearby_seeds_sample_unrelated_trials(sampler):
+  # Each trial's sampler was seeded with seed + its number: search 1's
+  # trial k was search 0's trial k + 1.
+  searches = [_sampled(hyper.Search(space={'x': hyper.uniform(0.0, 1.0)},
+                                    num_trials=8, seed=seed, sampler=sampler),
+                       8) for seed in (0, 1, 2)]
+  values = [value for search in searches for value in search]
+  assert len(set(values)) == len(values), searches
+  # And one seed samples the same trials every time.
+  assert _sampled(hyper.Search(space={'x': hyper.uniform(0.0, 1.0)},
+                               num_trials=8, seed=1, sampler=sampler),
+                  8) == searches[1]
+
+
+def test_each_trial_trains_from_a_seed_of_its_own_unless_the_search_sets_it():
+  space = {'x': hyper.uniform(0.0, 1.0)}
+
+  def seeds(search):
+    study = studies.import_optuna().create_study()
+    trials = [study.ask() for _ in range(16)]
+    given = [study_lib.seed_trial(search, trial) for trial in trials]
+    assert given == [study_lib.kept_seed(trial) for trial in trials]
+    return [seed.get('seed') for seed in given]
+
+  drawn = seeds(hyper.Search(space=space, num_trials=16))
+  assert len(set(drawn)) == 16 and all(0 <= seed < 2**32 for seed in drawn)
+  assert drawn == [study_lib.trial_seed(0, number) for number in range(16)]
+  assert seeds(hyper.Search(space=space, num_trials=2, fixed={'seed': 3})) \
+      == [None] * 16
+  assert seeds(hyper.Search(space={**space, 'seed': hyper.integer(0, 3)},
+                            num_trials=2)) == [None] * 16
+
+
 # Real searches.
 
-# Seed 182 samples learning rates 0.011 and 0.0073 for trials 0 and 1 (run
-# at once, never pruned: two trials must complete first), 1.7e-5 and 2.8e-5
+# Seed 468 samples learning rates 0.014 and 0.014 for trials 0 and 1 (run
+# at once, never pruned: two trials must complete first), 2.1e-5 and 3.9e-5
 # for trials 2 and 3: four trials, at least one of them pruned.
 SEARCH = ("hyper.Search(space={'optimizer.learning_rate': "
           "hyper.log_uniform(1e-5, 3e-2), 'seed': hyper.integer(0, 3)}, "
-          f"fixed={SHORT!r}, num_trials=4, seed=182, sampler='tpe', "
+          f"fixed={SHORT!r}, num_trials=4, seed=468, sampler='tpe', "
           "pruner='median', pruner_options={'n_startup_trials': 2})")
 
 
@@ -458,9 +499,11 @@ LONG = {'num_epochs': 6, 'batch_size': 64, 'intervals.eval_steps': 11,
 
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
-  """results.json of a run of LONG, lr 0.003, never stopped."""
+  """results.json of a run of LONG, lr 0.003, never stopped, with the seed
+  a search seeded 0 gives its trial 0."""
   workdir = tmp_path_factory.mktemp('uninterrupted')
-  overrides = {**LONG, 'optimizer.learning_rate': 0.003}
+  overrides = {**LONG, 'optimizer.learning_rate': 0.003,
+               'seed': study_lib.trial_seed(0, 0)}
   result = helpers.run_ctl(f'--config={helpers.DIGITS}', f'--workdir={workdir}',
                            *config_lib.override_flags(overrides))
   assert result.returncode == 0, result.stdout[-3000:]
@@ -570,6 +613,8 @@ def test_a_killed_trial_is_restarted_and_a_dead_sweep_processes_taken_over(
   assert trial.state.name == 'COMPLETE'
   assert trial.user_attrs[study_lib.WORKDIR] == str(trial_dir)
   assert trial.user_attrs[study_lib.RESTARTS] == 1
+  # Trained from the seed the search gave trial 0, kept through restarts.
+  assert trial.user_attrs[study_lib.SEED] == study_lib.trial_seed(0, 0)
   assert sorted(trial.intermediate_values) == eval_steps
   results = helpers.read_results(trial_dir)
   assert results['weights_sha256'] == uninterrupted['weights_sha256']
