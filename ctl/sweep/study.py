@@ -92,9 +92,9 @@ def make_sampler(search: hyper.Search, seed: int) -> optuna.samplers.BaseSampler
 
 
 def trial_seed(seed: int, number: int) -> int:
-  """Trial `number`'s sampler seed: (Search.seed, number) mixed, so that
-  searches of nearby seeds draw unrelated trials (0.2.0's seed + number
-  made search 1's trial k search 0's trial k + 1)."""
+  """Trial `number`'s seed (its sampler's and config.seed): (Search.seed,
+  number) mixed, so that searches of nearby seeds draw unrelated trials
+  (0.2.0's seed + number made search 1's trial k search 0's trial k + 1)."""
   return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
 
 

@@ -24,7 +24,8 @@ def _narrow_peak(values: dict) -> float:
 
 def _best_of_search(sampler: str, seed: int, num_trials: int = 16) -> float:
   """The best value of a search of num_trials, each trial's values sampled
-  as a sweep samples them (a sampler made per trial, seeded seed + N)."""
+  as a sweep samples them (a sampler made per trial, seeded by
+  study.trial_seed(seed, N))."""
   search = hyper.Search(space=SPACE, num_trials=num_trials, sampler=sampler,
                         pruner=None, seed=seed)
   study = optuna.create_study(direction='maximize')
@@ -35,8 +36,8 @@ def _best_of_search(sampler: str, seed: int, num_trials: int = 16) -> float:
 
 
 def test_the_gp_sampler_finds_a_narrow_peak_tpe_and_random_search_miss():
-  # 16 trials, as benchmarks/search.py's search; seeds far apart, since a
-  # sweep seeds trial N's sampler with seed + N.
+  # 16 trials, as benchmarks/search.py's search; seeds far apart (chosen
+  # when a sweep seeded trial N's sampler with seed + N).
   seeds = [1000 * index for index in range(5)]
   best = {sampler: sorted(_best_of_search(sampler, seed) for seed in seeds)
           for sampler in ('gp', 'tpe', 'random')}

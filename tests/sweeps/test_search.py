@@ -384,8 +384,8 @@ def _sampled(search: hyper.Search, count: int) -> list[float]:
 
 @pytest.mark.parametrize('sampler', ['tpe', 'random', 'gp'])
 def test_searches_with_nearby_seeds_sample_unrelated_trials(sampler):
-  # Each trial's sampler was seeded with seed + its number: search 1's
-  # trial k was search 0's trial k + 1.
+  # Each trial's sampler was seeded with seed + its number (0.2.0): search
+  # 1's trial k was search 0's trial k + 1.
   searches = [_sampled(hyper.Search(space={'x': hyper.uniform(0.0, 1.0)},
                                     num_trials=8, seed=seed, sampler=sampler),
                        8) for seed in (0, 1, 2)]
