@@ -70,6 +70,10 @@ def main(argv: list[str], start_up: tf_process.StartUp | None = None) -> int:
   if not _WORKDIR.value:
     return _usage_error('Flag --workdir must name the directory for '
                         'checkpoints, summaries and results.')
+  refusal = _refusal_before_tensorflow(_MODE.value, _CONFIG.value,
+                                       _WORKDIR.value)
+  if refusal:
+    return _report(refusal)
   logging.get_absl_handler().addFilter(_drop_tensorflow_info)
   log_line.install()
   tf_process.remove_autograph_bytecode_at_exit()
@@ -144,6 +148,22 @@ def _forget_flags() -> None:
     if name.startswith('config.'):
       delattr(flags.FLAGS, name)
   flags.FLAGS.unparse_flags()
+
+
+def _refusal_before_tensorflow(mode: str, config,
+                               workdir: str) -> errors.ConfigError | None:
+  """The error of a config or --workdir that cannot work, found in a
+  second, before TensorFlow loads (the checks training and evaluation make
+  again once it has: an export checks only what it reads)."""
+  try:
+    config_checks.check_utf8('--workdir', workdir)
+    if mode != 'export':
+      config_checks.validate(config)
+  except errors.ConfigError as error:
+    return error
+  except Exception:  # pylint: disable=broad-except
+    return None  # Raised again by the same checks, where they report it.
+  return None
 
 
 def _task_failure(error: Exception) -> errors.CtlError:

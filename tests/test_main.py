@@ -75,6 +75,31 @@ def test_a_bad_override_exits_2_naming_the_key_and_writes_nothing(
   assert not workdir.exists()
 
 
+@pytest.mark.parametrize('override, message', [
+    ('--config.optimizer.schedule=cosin',
+     "config.optimizer.schedule='cosin' must be one of"),
+    ('--config.batch_size=0', 'config.batch_size=0 must be at least 1'),
+    ('--config.total_steps=-1', 'config.total_steps=-1 must not be negative'),
+])
+def test_a_value_out_of_range_is_refused_before_tensorflow_loads(
+    tmp_path, override, message):
+  # A TensorFlow that cannot be imported: the refusal must not need it.
+  blocked = tmp_path / 'blocked' / 'tensorflow'
+  blocked.mkdir(parents=True)
+  (blocked / '__init__.py').write_text(
+      'raise ImportError("TensorFlow was imported")\n')
+  env = helpers.env_with()
+  env['PYTHONPATH'] = os.pathsep.join([str(blocked.parent),
+                                       env['PYTHONPATH']])
+  workdir = tmp_path / 'never'
+  run = helpers.run_ctl(f'--config={helpers.DIGITS}', f'--workdir={workdir}',
+                        override, env=env)
+  assert run.returncode == 2, run.stderr[-3000:]
+  assert message in run.stderr
+  assert 'TensorFlow was imported' not in run.stderr
+  assert not workdir.exists()
+
+
 def test_an_existing_workdir_is_not_changed_by_a_bad_override(tmp_path):
   (tmp_path / 'notes.txt').write_text('mine')
   before = helpers.file_stamps(tmp_path)
