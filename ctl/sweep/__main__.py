@@ -166,6 +166,7 @@ def _run_search(sweep, config_file) -> None:
   of that study; exits."""
   search_lib = _search_lib()
   from ctl.sweep import study as study_lib  # pylint: disable=g-import-not-at-top
+  from ctl.sweep import outage as outage_lib  # pylint: disable=g-import-not-at-top
   url = study_lib.storage_url(_STORAGE.value, _WORKDIR.value)
   name = _STUDY.value or os.path.basename(os.path.normpath(_WORKDIR.value))
   try:
@@ -183,7 +184,7 @@ def _run_search(sweep, config_file) -> None:
   processes = _trial_processes()
   runner = search_lib.Runner(
       sweep, config_file, _WORKDIR.value, study, url, processes,
-      study_lib.Waits(_LEASE_SECONDS.value, _STORAGE_WAIT_SECONDS.value),
+      outage_lib.Waits(_LEASE_SECONDS.value, _STORAGE_WAIT_SECONDS.value),
       _mlflow_parent_flags(trial_config))
   try:
     stopped = runner.run()
@@ -193,7 +194,7 @@ def _run_search(sweep, config_file) -> None:
     processes.close()
   try:
     trials = runner.trials()
-  except study_lib.storage_errors() as error:  # Down as SIGTERM stopped it.
+  except outage_lib.storage_errors() as error:  # Down as SIGTERM stopped it.
     print(f'ctl.sweep: {studies.unreachable(url, error)}', file=sys.stderr)
     sys.exit(errors.EXIT_PREEMPTED if stopped else errors.EXIT_FAILURE)
   report = _report_lib().write(sweep, [trial for trial, _ in trials],

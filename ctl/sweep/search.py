@@ -8,7 +8,7 @@ while the study has fewer than num_trials. It ends when every trial of the
 budget is COMPLETE, PRUNED or FAIL, so that as long as one sweep process
 lives no trial is left RUNNING unheld. A trial a signal killed is started
 again (study.MAX_RESTARTS); a storage that stops answering is waited for
-(study.Outage) while the trials run on.
+(outage.Outage) while the trials run on.
 
 A trial is a `python -m ctl.main` run (a warm slot's or a process's own,
 ctl/sweep/slots.py), as a grid's trials are, in <workdir>/trial-NNNN,
@@ -28,6 +28,7 @@ from ctl import hyper
 from ctl import storage
 from ctl.runtime import studies
 from ctl.runtime import workdir as workdir_lib
+from ctl.sweep import outage as outage_lib
 from ctl.sweep import slots as slots_lib
 from ctl.sweep import study as study_lib
 from ctl.sweep import trials as trials_lib
@@ -106,7 +107,7 @@ class Runner:
 
   def __init__(self, sweep: hyper.Sweep, config_file: str, workdir: str,
                study, storage_url: str, processes: slots_lib.TrialProcesses,
-               waits: study_lib.Waits, extra_flags: tuple[str, ...] = ()):
+               waits: outage_lib.Waits, extra_flags: tuple[str, ...] = ()):
     self._sweep = sweep
     self._search = sweep.search
     self._config_file = config_file
@@ -116,7 +117,7 @@ class Runner:
     self._processes = processes  # Warm slots or fresh processes.
     self._extra_flags = extra_flags
     self._leases = study_lib.Leases(study, waits.lease_seconds)
-    self._outage = study_lib.Outage(storage_url, waits.storage_seconds)
+    self._outage = outage_lib.Outage(storage_url, waits.storage_seconds)
     self._running = {}  # Popen -> (number, Trial, start time, log file)
     self._untold = []  # (number, Trial, exit code, error): exited, not told
     self._renewed = 0.0
@@ -141,7 +142,7 @@ class Runner:
         self._stops.forward(self._running)
         try:
           done = self._step()
-        except study_lib.storage_errors() as error:
+        except outage_lib.storage_errors() as error:
           done = False
           if self._outage.failed(error) and not self._stops.requested:
             gave_up = True
@@ -221,7 +222,8 @@ class Runner:
           self._show_workdir(frozen)
           trials_lib.say(f'{study_lib.trial_name(frozen.number)}: taken over (nobody '
                'held it); resuming it from its checkpoint')
-          self._start(frozen.number, self._overrides(frozen))
+          self._start(frozen.number, self._overrides(
+              study_lib.drawn(self._study, self._search, frozen)))
           return
     if len(self._budget_trials()) < self._search.num_trials:
       self._ask()
@@ -238,10 +240,8 @@ class Runner:
       self._study.tell(optuna_trial, state=study_lib.FAIL_STATE)
       return
     self._show_workdir(frozen)
-    overrides = {**study_lib.seed_trial(self._search, optuna_trial),
-                 **self._search.fixed,
-                 **study_lib.sample(self._study, self._search, optuna_trial)}
-    self._start(number, overrides)
+    drawn = study_lib.draw(self._study, self._search, optuna_trial)
+    self._start(number, {**drawn, **self._search.fixed})
 
   def _show_workdir(self, frozen) -> None:
     """Names the trial's workdir, as this process runs it, in the study

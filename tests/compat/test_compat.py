@@ -462,8 +462,11 @@ def test_a_0_2_0_study_is_joined_named_and_resumed_with_its_sweep_file(
   leases = study_lib.Leases(study, lease_seconds=60.0)
   assert [(trial.state.name, leases.is_free(trial))
           for trial in study.trials[1:]] == [('RUNNING', True)]
-  # It resumes with the config's seed it started with, not one of its own.
+  # It resumes with the config's seed it started with, not one of its own,
+  # and the values it started with (nothing is drawn again).
   assert study_lib.kept_seed(study.trials[1]) == {}
+  assert study_lib.drawn(study, sweep.search, study.trials[1]).params == (
+      study.trials[1].params)
   trial = study.ask()
   values = study_lib.sample(study, sweep.search, trial)
   assert values.keys() == sweep.search.space.keys()

@@ -17,6 +17,7 @@ import pytest
 from ctl import errors
 from ctl.runtime import studies
 from ctl.sweep import study as study_lib
+from ctl.sweep import trials as trials_lib
 import helpers
 import postgres
 
@@ -253,3 +254,36 @@ def test_a_postgresql_outage_is_waited_out_or_stops_the_sweep_resumable(
   assert len(re.findall(r'Restored \S*ckpt-\d+', logs[1].read_text())) == 2
   assert [trial.state.name for trial in _trials(workdir, storage)] == [
       'COMPLETE', 'COMPLETE']
+
+
+def test_a_trial_whose_asker_died_before_drawing_it_is_drawn_by_its_taker(
+    tmp_path):
+  # The sweep process that asked the study for trial 0 died before it drew
+  # the trial's seed and values (so before the trial started): the next
+  # sweep process takes the trial over and draws them as for a new trial,
+  # rather than training it at the config's (batch_size 32, its seed).
+  sweep_file = tmp_path / 'search.py'
+  sweep_file.write_text(
+      'from ctl import hyper\n\n'
+      'def get_sweep():\n'
+      f'  return hyper.Sweep(config={str(_OWN_TASK)!r}, search=hyper.Search(\n'
+      "      space={'batch_size': hyper.integer(40, 64)},\n"
+      "      num_trials=1, pruner=None, seed=5,\n"
+      "      fixed={'num_epochs': 1, 'intervals.eval_steps': 8,\n"
+      "             'export.at_end': False}),\n"
+      '      metric="eval.mae", mode="min")\n')
+  workdir = tmp_path / 'sweep'
+  sweep, _ = trials_lib.load_sweep(str(sweep_file))
+  study_lib.open_study(sweep, study_lib.storage_url('', str(workdir)),
+                       workdir.name).ask()  # Its asker dies here.
+  run = helpers.Watched(_command(str(sweep_file), workdir,
+                                 '--lease_seconds=1'))
+  assert run.wait() == 0, run.output[-3000:]
+  assert 'trial-0000: taken over' in run.output
+  [trial] = _trials(workdir)
+  assert trial.state.name == 'COMPLETE'
+  seed = study_lib.trial_seed(5, 0)
+  assert trial.user_attrs[study_lib.SEED] == seed
+  batch_size = trial.params['batch_size']
+  config = json.loads((workdir / 'trial-0000' / 'config.json').read_text())
+  assert (config['seed'], config['batch_size']) == (seed, batch_size)
