@@ -3,8 +3,7 @@
 Under MultiWorkerMirroredStrategy every worker must take part in a save
 (saving can run collectives). The chief writes `workdir/checkpoints`; every
 other worker writes to a temporary directory of its own, outside the
-workdir, and deletes it right after (a killed worker's: the next
-`ctl.main`, ctl/runtime/workdir.py).
+workdir, and deletes it right after (a killed worker's: the next run).
 
 A save is crash-safe: tf.train.CheckpointManager writes the new
 checkpoint's files completely before it atomically rewrites the
@@ -231,16 +230,16 @@ class Checkpointer:
                    'short.', path)
       storage.remove(path)
 
-  def wait(self) -> None:
-    """Returns once every checkpoint saved so far is completely written.
-
-    Raises:
-      The error of a background write that failed (OpError, OSError):
-        TensorFlow would raise it only at the next write, or at exit.
-    """
+  def wait(self, last: bool = False) -> None:
+    """Returns once every checkpoint saved so far is completely written;
+    `last`: and ends the background writes' thread (the run is over).
+    Raises the error of a background write that failed (OpError, OSError),
+    which TensorFlow would raise only at the next write, or at exit."""
     if self._options is not None:
       self._checkpoint.sync()
       error = tf_internals.take_async_checkpoint_error(self._checkpoint)
+      if last:
+        tf_internals.end_async_checkpoint_thread(self._checkpoint)
       if error is not None:
         raise error
 

@@ -125,6 +125,23 @@ def flat_caller(function, *args) -> Callable[..., Any]:
   return lambda *tensors: call_flat(list(tensors), concrete.captured_inputs)
 
 
+def end_async_checkpoint_thread(checkpoint: tf.train.Checkpoint) -> None:
+  """Ends the thread of `checkpoint`'s asynchronous writes and forgets it
+  (after `checkpoint.sync()`); a later write starts another.
+
+  TensorFlow's AsyncCheckpointHelper registers an exit handler that holds
+  it, so its thread and every object of the checkpoint (the model, the
+  optimizer's slots) lived until the process ended: one more of each per
+  run in a process that runs run after run (a sweep's warm slot).
+  """
+  helper = getattr(checkpoint, '_async_checkpointer_impl', None)
+  if helper is None:
+    return
+  helper._join_async_save_thread()  # pylint: disable=protected-access
+  atexit.unregister(helper._join_async_save_thread)  # pylint: disable=protected-access
+  checkpoint._async_checkpointer_impl = None  # pylint: disable=protected-access
+
+
 def take_async_checkpoint_error(
     checkpoint: tf.train.Checkpoint) -> Exception | None:
   """The error of the last asynchronous write of `checkpoint` that failed,

@@ -317,7 +317,7 @@ class Trainer:
     try:
       self.evaluation.close()
     finally:
-      self.checkpoint.checkpointer.wait()
+      self.checkpoint.checkpointer.wait(last=True)
 
   def finish(self, outcome: loop_lib.Stopped | None) -> dict:
     """The final evaluation (unless the last loop evaluated), then the

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -103,6 +104,23 @@ def test_resumes_from_the_latest_checkpoint(one_epoch, tmp_path):
   assert len(kept) == 1
   assert json.loads(kept[0].read_text())['num_epochs'] == 1
   assert json.loads((workdir / 'config.json').read_text())['num_epochs'] == 2
+
+
+def _async_save_threads() -> set[threading.Thread]:
+  return {thread for thread in threading.enumerate()
+          if getattr(getattr(thread, '_target', None), '__name__', '') ==
+          '_async_save'}
+
+
+def test_a_run_leaves_no_thread_of_its_asynchronous_saves_behind(tmp_path):
+  # TensorFlow's exit handler kept each run's checkpoint thread, and with
+  # it the run's model and optimizer, alive until the process ended: one
+  # more of each per trial in a sweep's warm slot.
+  before = _async_save_threads()
+  config = helpers.digits(num_epochs=1)
+  assert config.intervals.async_checkpoint  # What this test is about.
+  run.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert _async_save_threads() <= before
 
 
 def test_a_checkpoint_of_another_model_is_refused_and_kept(narrow_one_epoch,
