@@ -256,6 +256,7 @@ def test_a_postgresql_outage_is_waited_out_or_stops_the_sweep_resumable(
       'COMPLETE', 'COMPLETE']
 
 
+@pytest.mark.slow
 def test_a_trial_whose_asker_died_before_drawing_it_is_drawn_by_its_taker(
     tmp_path):
   # The sweep process that asked the study for trial 0 died before it drew
