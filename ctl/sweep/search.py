@@ -240,8 +240,8 @@ class Runner:
       self._study.tell(optuna_trial, state=study_lib.FAIL_STATE)
       return
     self._show_workdir(frozen)
-    drawn = study_lib.draw(self._study, self._search, optuna_trial)
-    self._start(number, {**drawn, **self._search.fixed})
+    values = study_lib.draw(self._study, self._search, optuna_trial)
+    self._start(number, {**values, **self._search.fixed})
 
   def _show_workdir(self, frozen) -> None:
     """Names the trial's workdir, as this process runs it, in the study
