@@ -327,3 +327,24 @@ def move_past_used_collective_keys() -> None:
   from tensorflow.python.distribute import mirrored_strategy  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
   mirrored_strategy.MirroredStrategy._collective_key_base += (  # pylint: disable=protected-access
       _COLLECTIVE_KEY_STRIDE)
+
+
+# Each trace of a tf.custom_gradient (ctl's L2 penalty) registers its gradient
+# function, holding the graph, in a global registry that nothing empties.
+_CUSTOM_GRADIENT = 'CustomGradient-'
+
+
+def custom_gradients() -> set[str]:
+  """The names of the tf.custom_gradient functions registered so far."""
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  return {name for name in ops.gradient_registry.list()
+          if name.startswith(_CUSTOM_GRADIENT)}
+
+
+def forget_custom_gradients(kept: set[str]) -> None:
+  """Drops the tf.custom_gradient functions registered since `kept` (read
+  by custom_gradients()), graphs and all: for after a run."""
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  registry = ops.gradient_registry._registry  # pylint: disable=protected-access
+  for name in custom_gradients() - kept:
+    del registry[name]

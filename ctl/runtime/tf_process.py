@@ -41,6 +41,7 @@ files, ended fast.
 import atexit
 from collections.abc import Callable
 import contextlib
+import functools
 import gc
 import glob
 import os
@@ -98,11 +99,12 @@ def quiet_start_up():
       sys.stderr.write(''.join(kept))
 
 
+@functools.cache
 def import_tensorflow() -> None:
   """Imports TensorFlow and Keras and finds the devices, quietly, without
   the garbage collector (it ran 958 times over the import's growing heap:
   BENCHMARKS.md, "Start-up"); what the import made is then frozen
-  (`gc.freeze`): it lives as long as the process; collections skip it."""
+  (`gc.freeze`), once a process: collections skip it."""
   with quiet_start_up(), _garbage_collection_paused():
     import keras  # pylint: disable=g-import-not-at-top,unused-import
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -128,8 +130,7 @@ def remove_autograph_bytecode_at_exit() -> None:
 
   Call before anything is converted: exit handlers run last-in first-out,
   so this one runs after AutoGraph's own, which deletes the sources. Once
-  a process: a warm process (ctl/warm.py) calls it for every run.
-  """
+  a process: a warm process (ctl/warm.py) calls it for every run."""
   atexit.unregister(_remove_orphaned_autograph_bytecode)
   atexit.register(_remove_orphaned_autograph_bytecode, tempfile.gettempdir())
 
