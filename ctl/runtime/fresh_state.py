@@ -25,7 +25,8 @@ that state, lets one run change it, and puts it back:
 
 - TensorFlow's gradient registry: the gradient functions a run's
   `tf.custom_gradient` registered (one a trace, each holding its traced
-  graph) are dropped, graphs and all.
+  graph) and those of the user's modules (`tf.RegisterGradient`, run
+  again when the next run imports them) are dropped.
 - TensorFlow's collective keys: the next run's MirroredStrategy numbers
   its collectives past those of the runs before (the runtime remembers
   each it ran, with its shapes).
@@ -192,7 +193,7 @@ def _tensorflow_state() -> dict[str, Any]:
       'functions_run_eagerly': tf.config.functions_run_eagerly(),
       'optimizer_options': tf.config.optimizer.get_experimental_options(),
       'jit': tf.config.optimizer.get_jit(),
-      'custom_gradients': tf_internals.custom_gradients(),
+      'gradients': tf_internals.registered_gradients(),
   }
 
 
@@ -204,14 +205,16 @@ def _restore_tensorflow(saved: dict[str, Any] | None) -> None:
   from ctl.runtime import tf_internals  # pylint: disable=g-import-not-at-top
   saved = saved or {'op_determinism': False, 'functions_run_eagerly': False,
                     'optimizer_options': {}, 'jit': '',
-                    'custom_gradients': set()}
+                    'gradients': set()}
   tf_internals.set_op_determinism(saved['op_determinism'])
   tf.random.set_seed(None)  # A fresh process has none.
   tf.config.run_functions_eagerly(saved['functions_run_eagerly'])
   tf.config.optimizer.set_experimental_options(_all_options(saved))
   tf.config.optimizer.set_jit(saved['jit'] or False)
   tf_internals.move_past_used_collective_keys()
-  tf_internals.forget_custom_gradients(saved['custom_gradients'])
+  roots = _kept_roots()
+  tf_internals.forget_gradients(saved['gradients'], lambda function: _is_kept(
+      sys.modules.get(getattr(function, '__module__', None)), roots))
 
 
 def _all_options(saved: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
 
 def apply_fixes() -> None:
@@ -334,17 +335,16 @@ def move_past_used_collective_keys() -> None:
 _CUSTOM_GRADIENT = 'CustomGradient-'
 
 
-def custom_gradients() -> set[str]:
-  """The names of the tf.custom_gradient functions registered so far."""
-  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  return {name for name in ops.gradient_registry.list()
-          if name.startswith(_CUSTOM_GRADIENT)}
+def registered_gradients() -> set[str]:
+  """The op names TensorFlow's gradient registry holds."""
+  return set(tf_ops.gradient_registry.list())
 
 
-def forget_custom_gradients(kept: set[str]) -> None:
-  """Drops the tf.custom_gradient functions registered since `kept` (read
-  by custom_gradients()), graphs and all: for after a run."""
-  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  registry = ops.gradient_registry._registry  # pylint: disable=protected-access
-  for name in custom_gradients() - kept:
-    del registry[name]
+def forget_gradients(before: set[str], kept: Callable[[Any], bool]) -> None:
+  """Drops the gradients registered since `before` by tf.custom_gradient
+  traces (graphs and all) or by functions `kept` refuses (a user's)."""
+  registry = tf_ops.gradient_registry._registry  # pylint: disable=protected-access
+  for name in registered_gradients() - before:
+    function = tf_ops.gradient_registry.lookup(name)
+    if name.startswith(_CUSTOM_GRADIENT) or not kept(function):
+      del registry[name]

@@ -18,6 +18,7 @@ import pytest
 import helpers
 from ctl.runtime import warm_client
 from ctl.runtime import fresh_state
+from ctl.runtime import tf_internals
 # In sys.modules for test_the_modules_kept_are_ctl_s_and_the_installed_ones.
 from ctl import warm  # pylint: disable=unused-import
 
@@ -251,7 +252,6 @@ def test_what_a_run_changes_in_its_process_is_put_back(tmp_path):
   # pylint: disable=g-import-not-at-top
   import keras
   import tensorflow as tf
-  from ctl.runtime import tf_internals
   project = tmp_path / 'project'
   # A package no other test imports (a test before this one in the same
   # process may have imported the repo's `experiments`).
@@ -311,6 +311,26 @@ def test_a_run_s_traced_graphs_do_not_outlive_it():
     del gradient, square
   gc.collect()
   assert graphs[0]() is None
+
+
+def test_a_user_module_registering_a_gradient_imports_again_in_the_next_run(
+    tmp_path):
+  # The next run imports the module anew: TensorFlow refused a second
+  # registration of the name ("Registering two gradient with name").
+  (tmp_path / 'warm_probe_gradient.py').write_text(textwrap.dedent("""
+      import tensorflow as tf
+
+      @tf.RegisterGradient('WarmProbeSquare')
+      def _gradient(op, upstream):
+        return upstream * 2.0 * op.inputs[0]
+      """))
+  for _ in range(2):
+    with fresh_state.restored_after():
+      sys.path.insert(0, str(tmp_path))
+      import warm_probe_gradient  # pylint: disable=g-import-not-at-top,unused-import
+      assert 'WarmProbeSquare' in tf_internals.registered_gradients()
+  assert 'WarmProbeSquare' not in tf_internals.registered_gradients()
+  assert 'Square' in tf_internals.registered_gradients()  # TensorFlow's.
 
 
 @pytest.mark.parametrize('name, kept', [
