@@ -291,7 +291,6 @@ def test_a_run_s_traced_graphs_do_not_outlive_it():
   # the graph) in TensorFlow's global registry: ctl's L2 penalty kept each
   # warm run's step graphs, about 4 MB a run, for the process's life.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  graphs = []
   with fresh_state.restored_after():
 
     @tf.custom_gradient
@@ -306,11 +305,11 @@ def test_a_run_s_traced_graphs_do_not_outlive_it():
       return tape.gradient(y, x)
 
     assert float(gradient(tf.constant(3.0))) == 6.0
-    graphs.append(weakref.ref(
-        gradient.get_concrete_function(tf.constant(3.0)).graph))
+    graph = weakref.ref(
+        gradient.get_concrete_function(tf.constant(3.0)).graph)
     del gradient, square
   gc.collect()
-  assert graphs[0]() is None
+  assert graph() is None
 
 
 def test_a_user_module_registering_a_gradient_imports_again_in_the_next_run(
