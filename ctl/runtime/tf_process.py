@@ -54,6 +54,7 @@ import time
 from absl import logging
 
 import ctl
+from ctl.runtime import deferred_imports
 
 # Start-up lines that say nothing a user can act on.
 _NOISE = (
@@ -101,11 +102,12 @@ def quiet_start_up():
 
 @functools.cache
 def import_tensorflow() -> None:
-  """Imports TensorFlow and Keras and finds the devices, quietly, without
-  the garbage collector (it ran 958 times over the import's growing heap:
-  BENCHMARKS.md, "Start-up"); what the import made is then frozen
-  (`gc.freeze`), once a process: collections skip it."""
-  with quiet_start_up(), _garbage_collection_paused():
+  """Imports TensorFlow and Keras and finds the devices, once a process:
+  quietly, without the garbage collector (it ran 958 times over the
+  import's growing heap; what the import made is then frozen), and with
+  Keras's scikit-learn and matplotlib integrations deferred."""
+  with (quiet_start_up(), _garbage_collection_paused(),
+        deferred_imports.keras_integrations_deferred()):
     import keras  # pylint: disable=g-import-not-at-top,unused-import
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     # Finding the devices is when CUDA reports that there is no GPU.
@@ -140,14 +142,10 @@ def _remove_orphaned_autograph_bytecode(directory: str) -> None:
   for path in glob.glob(os.path.join(cache, '__autograph_generated_file*.pyc')):
     module = os.path.basename(path).split('.', 1)[0]
     if not os.path.exists(os.path.join(directory, f'{module}.py')):
-      try:
+      with contextlib.suppress(OSError):  # Another process removed it.
         os.remove(path)
-      except OSError:
-        pass  # Another process removed it first.
-  try:
-    os.rmdir(cache)  # Only if empty: it may hold other programs' files.
-  except OSError:
-    pass
+  with contextlib.suppress(OSError):  # Only if empty: others' files stay.
+    os.rmdir(cache)
 
 
 def exit_now(code: int) -> None:
