@@ -43,7 +43,9 @@ class _DeferredModule(types.ModuleType):
   def __getattribute__(self, name):
     if name in _METADATA:
       return super().__getattribute__(name)
-    self.__class__ = types.ModuleType  # Reads from now on are plain.
+    # Reads from now on are plain. As with LazyLoader (Python 3.11), a
+    # second thread reading meanwhile may find the module half run.
+    self.__class__ = types.ModuleType
     self.__spec__.loader.exec_module(self)
     return getattr(self, name)
 
