@@ -35,7 +35,8 @@ CONFIG_LITERALS = {
 # process and its signals; the classification task and its parts by name;
 # the report, its speed and the run's writers; ...). 36 with
 # ctl/runtime/deferred_imports.py, which keeps Keras from importing
-# scikit-learn and matplotlib with TensorFlow (a fifth of the import).
+# scikit-learn and matplotlib with TensorFlow (a fifth to a quarter of the
+# import).
 MAX_MODULES_BEFORE_FIRST_SAVE = 36
 MAX_PARAMETERS = 8
 # The public API users' actions are written against (ctl.When's fields,

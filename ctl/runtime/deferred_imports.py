@@ -4,13 +4,13 @@ TensorFlow is imported.
 Keras's import imports scikit-learn (for `keras.wrappers`, its scikit-learn
 estimators) and matplotlib's pyplot (for `keras.visualization`) whenever
 they are installed, and ctl installs both (the digits data, the sweep
-plot). A run uses neither, yet every ctl process paid for them: about a
-fifth of TensorFlow's import (BENCHMARKS.md, "Start-up: Keras's
+plot). A run uses neither, yet every ctl process paid for them: a fifth to a
+quarter of TensorFlow's import (BENCHMARKS.md, "Start-up: Keras's
 scikit-learn and matplotlib deferred").
 
 Within `keras_integrations_deferred()` those Keras modules are created
 empty, and their code (with scikit-learn's or matplotlib's import) runs at
-the first attribute a program reads from them, as Python's
+the first attribute a program reads (or writes) on them, as Python's
 `importlib.util.LazyLoader` does, so `keras.wrappers.SKLearnClassifier`
 and `keras.visualization.plot_image_gallery` work as before, only later.
 Unlike LazyLoader's, a deferred module answers what describes it
@@ -22,37 +22,59 @@ deferred: ctl does not install it.
 
 import contextlib
 import importlib.abc
-import importlib.machinery
 import sys
 import types
 
 # The Keras modules that import scikit-learn or matplotlib when imported,
 # and that Keras's own import only binds to a name.
 DEFERRED = ('keras.wrappers', 'keras.visualization', 'keras.src.visualization')
-# What a deferred module answers before it is loaded. Not `__path__` (a
-# submodule's import reads it, and needs the package's code run first) nor
-# `__dict__`.
+# What a deferred module answers, and lets be set, before it is loaded:
+# what describes it. `__path__` too: a submodule's import reads it, and
+# loading the package then would import that submodule twice (its
+# `__init__` imports it, then the import system does).
 _METADATA = frozenset(('__name__', '__file__', '__spec__', '__loader__',
-                       '__package__', '__cached__', '__class__'))
+                       '__package__', '__cached__', '__path__', '__class__'))
 
 
 class _DeferredModule(types.ModuleType):
-  """A module whose code runs at the first read of an attribute other than
-  its _METADATA."""
+  """A module whose code runs at the first read, write or deletion of an
+  attribute other than its _METADATA."""
 
   def __getattribute__(self, name):
     if name in _METADATA:
       return super().__getattribute__(name)
-    # Reads from now on are plain. As with LazyLoader (Python 3.11), a
-    # second thread reading meanwhile may find the module half run.
-    self.__class__ = types.ModuleType
-    self.__spec__.loader.exec_module(self)
+    _load(self)
     return getattr(self, name)
+
+  def __setattr__(self, name, value):
+    if name in _METADATA:
+      super().__setattr__(name, value)
+    else:  # Loaded first, so that its code does not overwrite the value.
+      _load(self)
+      setattr(self, name, value)
+
+  def __delattr__(self, name):
+    _load(self)
+    delattr(self, name)
+
+
+def _load(module: _DeferredModule) -> None:
+  """Runs a deferred module's code; from then on it is a plain module. If
+  the code raises, the module stays deferred: the next use runs it again,
+  as the next import of a module that failed would. As with LazyLoader
+  (Python 3.11), a second thread using the module meanwhile may find it
+  half run."""
+  module.__class__ = types.ModuleType
+  try:
+    module.__spec__.loader.exec_module(module)
+  except BaseException:
+    module.__class__ = _DeferredModule
+    raise
 
 
 class _DeferringLoader(importlib.abc.Loader):
-  """Creates the module with `loader`, and leaves its code to the first
-  read (`_DeferredModule`)."""
+  """Creates the module with `loader`, and leaves its code to its first
+  use (`_DeferredModule`)."""
 
   def __init__(self, loader: importlib.abc.Loader):
     self._loader = loader
@@ -66,13 +88,20 @@ class _DeferringLoader(importlib.abc.Loader):
 
 
 class _DeferringFinder(importlib.abc.MetaPathFinder):
-  """Finds DEFERRED modules as Python would, to be loaded on first use."""
+  """Finds DEFERRED modules as the other finders would, to be loaded on
+  first use."""
 
   def find_spec(self, fullname, path, target=None):
     if fullname not in DEFERRED:
       return None
-    spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-    if spec is not None and spec.loader is not None:
+    for finder in sys.meta_path:
+      if finder is not self and hasattr(finder, 'find_spec'):
+        spec = finder.find_spec(fullname, path, target)
+        if spec is not None:
+          break
+    else:
+      return None
+    if spec.loader is not None:
       spec.loader = _DeferringLoader(spec.loader)
     return spec
 

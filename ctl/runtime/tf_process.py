@@ -104,8 +104,9 @@ def quiet_start_up():
 def import_tensorflow() -> None:
   """Imports TensorFlow and Keras and finds the devices, once a process:
   quietly, without the garbage collector (it ran 958 times over the
-  import's growing heap; what the import made is then frozen), and with
-  Keras's scikit-learn and matplotlib integrations deferred."""
+  import's growing heap; what the import made is then frozen with
+  `gc.freeze`), and with Keras's scikit-learn and matplotlib integrations
+  deferred (BENCHMARKS.md, the two "Start-up" sections of 2026-11-29)."""
   with (quiet_start_up(), _garbage_collection_paused(),
         deferred_imports.keras_integrations_deferred()):
     import keras  # pylint: disable=g-import-not-at-top,unused-import

@@ -5,14 +5,24 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import helpers
+from ctl.runtime import deferred_imports
 
 _IMPORTS_THEN_USES = '''
-import inspect, json, sys
+import importlib.machinery, inspect, json, sys
 from ctl.runtime import tf_process
 tf_process.import_tensorflow()
 import keras
 import tensorflow as tf
+
+runs = []  # The modules whose code runs from now on.
+run_module = importlib.machinery.SourceFileLoader.exec_module
+def counted(loader, module):
+  runs.append(module.__name__)
+  return run_module(loader, module)
+importlib.machinery.SourceFileLoader.exec_module = counted
 
 def loaded():
   return {name: name in sys.modules for name in ('sklearn', 'matplotlib')}
@@ -38,6 +48,7 @@ print(json.dumps({
                                           sklearn.base.BaseEstimator),
     'gallery_has_pyplot': plot_image_gallery.plt is matplotlib.pyplot,
     'module_is_plain': type(keras.wrappers) is type(sys),
+    'submodule_runs': runs.count('keras.src.visualization.draw_bounding_boxes'),
 }))
 '''
 
@@ -53,4 +64,28 @@ def test_keras_integrations_load_at_first_use_and_then_work(tmp_path):
   nothing = {'sklearn': False, 'matplotlib': False}
   assert seen == {'after_import': nothing, 'after_tracing': nothing,
                   'wrappers_are_estimators': True, 'gallery_has_pyplot': True,
-                  'module_is_plain': True}
+                  'module_is_plain': True, 'submodule_runs': 1}
+
+
+def test_a_deferred_module_whose_code_raises_runs_again_at_its_next_use(
+    tmp_path, monkeypatch):
+  runs = tmp_path / 'runs.txt'
+  (tmp_path / 'flaky.py').write_text(
+      f'with open({str(runs)!r}, "a") as file:\n'
+      '  file.write("run\\n")\n'
+      f'if open({str(runs)!r}).read().count("run") == 1:\n'
+      '  raise RuntimeError("its first run fails")\n'
+      'VALUE = 42\n')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(deferred_imports, 'DEFERRED', ('flaky',))
+  monkeypatch.delitem(sys.modules, 'flaky', raising=False)
+  with deferred_imports.keras_integrations_deferred():
+    import flaky  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  assert not runs.exists()  # Deferred: its code has not run.
+  assert flaky.__file__ == str(tmp_path / 'flaky.py')  # Nor now.
+  assert not runs.exists()
+  with pytest.raises(RuntimeError, match='its first run fails'):
+    flaky.VALUE  # pylint: disable=pointless-statement
+  assert flaky.VALUE == 42
+  assert runs.read_text() == 'run\nrun\n'
+  monkeypatch.delitem(sys.modules, 'flaky')
