@@ -107,7 +107,7 @@ def import_tensorflow() -> None:
   import's growing heap; what the import made is then frozen with
   `gc.freeze`), and with Keras's scikit-learn and matplotlib integrations
   deferred (BENCHMARKS.md, the two "Start-up" sections of 2026-11-29)."""
-  with (quiet_start_up(), _garbage_collection_paused(),
+  with (_garbage_collection_paused(), quiet_start_up(),
         deferred_imports.keras_integrations_deferred()):
     import keras  # pylint: disable=g-import-not-at-top,unused-import
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
